@@ -1,0 +1,47 @@
+"""Domain errors of the channel store; surfaces map them to wire error codes."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class for every error the store reports to a caller."""
+
+
+class ChannelNotFound(StoreError):
+    """The named channel does not exist."""
+
+
+class ChannelExists(StoreError):
+    """A channel with that name already exists."""
+
+
+class ReservedChannel(StoreError):
+    """The name is in the internal ``_kafka.`` namespace, closed to every client surface."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"channel {name!r} is reserved for internal use")
+        self.name = name
+
+
+class InvalidChannelName(StoreError):
+    """The name is empty, too long or otherwise unusable as a channel."""
+
+
+class OffsetOutOfRange(StoreError):
+    """A read asked for a Sequence outside [log_start, next_sequence]."""
+
+    def __init__(self, sequence: int, log_start: int, next_sequence: int) -> None:
+        super().__init__(
+            f"sequence {sequence} is outside [{log_start}, {next_sequence}]"
+        )
+        self.sequence = sequence
+        self.log_start = log_start
+        self.next_sequence = next_sequence
+
+
+class CorruptStore(StoreError):
+    """Stored bytes failed their checksum where a torn tail cannot explain it."""
+
+
+class StoreStopped(StoreError):
+    """The store is shutting down and takes no new work."""
