@@ -1,0 +1,274 @@
+"""Daemon settings: defaults < TOML file < environment < command-line options.
+
+Every setting has one environment name (the seed's ``CONNECTORS_KAFKA_*`` names for the Kafka
+connector, ``KMQKAFKA_*`` for the server), one ``twistd kmqkafka`` option and one TOML key
+(``[kafka]`` or ``[server]`` table, lower-case name without the prefix). ``load_settings`` validates
+everything up front; a bad value raises ``ConfigError`` whose message is a single line naming the
+setting, which the tap prints before exiting non-zero.
+
+Tables other than ``[kafka]`` and ``[server]`` (for example ``[security]``) are not interpreted
+here; they are handed through untouched in ``Settings.file_tables`` for the modules that own them.
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+
+class ConfigError(Exception):
+    """A setting is invalid. ``str(error)`` is one line naming the setting."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_ALL_INTERFACES = {"", "0.0.0.0", "::", "[::]"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: where it comes from and how its text is parsed."""
+
+    attr: str
+    env: str
+    option: str
+    table: str
+    key: str
+    kind: str  # "bool" | "port" | "port0" | "size" | "posint" | "str" | "path" | "optpath"
+    default: Any
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("kafka_enable", "CONNECTORS_KAFKA_ENABLE", "kafka", "kafka", "enable", "bool", False,
+            "open the Kafka wire-protocol listeners"),
+    Setting("kafka_port", "CONNECTORS_KAFKA_PORT", "kafka-port", "kafka", "port", "port", 9092,
+            "plaintext Kafka listener port"),
+    Setting("kafka_tls_port", "CONNECTORS_KAFKA_TLS_PORT", "kafka-tls-port", "kafka", "tls_port",
+            "port", 9093, "TLS Kafka listener port"),
+    Setting("kafka_tls_enable", "CONNECTORS_KAFKA_TLS_ENABLE", "kafka-tls-enable", "kafka",
+            "tls_enable", "bool", None,
+            "open the TLS Kafka listener (default: true when a TLS certificate is configured)"),
+    Setting("kafka_advertised_host", "CONNECTORS_KAFKA_ADVERTISED_HOST", "kafka-advertised-host",
+            "kafka", "advertised_host", "str", None,
+            "host given to clients in Metadata (default: bind host, 127.0.0.1 when binding all)"),
+    Setting("kafka_advertised_port", "CONNECTORS_KAFKA_ADVERTISED_PORT", "kafka-advertised-port",
+            "kafka", "advertised_port", "port0", 0,
+            "port given to clients in Metadata (0 = the listener's own port)"),
+    Setting("kafka_max_connections", "CONNECTORS_KAFKA_MAX_CONNECTIONS", "kafka-max-connections",
+            "kafka", "max_connections", "posint", 1000, "open Kafka connections allowed"),
+    Setting("kafka_max_message_bytes", "CONNECTORS_KAFKA_MAX_MESSAGE_BYTES",
+            "kafka-max-message-bytes", "kafka", "max_message_bytes", "posint", 1048576,
+            "largest record batch accepted"),
+    Setting("kafka_max_groups", "CONNECTORS_KAFKA_MAX_GROUPS", "kafka-max-groups", "kafka",
+            "max_groups", "posint", 10000, "consumer groups allowed"),
+    Setting("kafka_produce_byte_rate", "CONNECTORS_KAFKA_PRODUCE_BYTE_RATE",
+            "kafka-produce-byte-rate", "kafka", "produce_byte_rate", "size", 0,
+            "per-client produce quota in bytes/s (0 = unlimited)"),
+    Setting("kafka_fetch_byte_rate", "CONNECTORS_KAFKA_FETCH_BYTE_RATE", "kafka-fetch-byte-rate",
+            "kafka", "fetch_byte_rate", "size", 0,
+            "per-client fetch quota in bytes/s (0 = unlimited)"),
+    Setting("kafka_auto_create_topics", "CONNECTORS_KAFKA_AUTO_CREATE_TOPICS",
+            "kafka-auto-create-topics", "kafka", "auto_create_topics", "bool", True,
+            "create unknown topics on Metadata/Produce"),
+    Setting("kafka_bind_host", "CONNECTORS_KAFKA_BIND_HOST", "kafka-bind-host", "kafka",
+            "bind_host", "str", "0.0.0.0", "interface the Kafka listeners bind"),
+    Setting("data_dir", "KMQKAFKA_DATA_DIR", "data-dir", "server", "data_dir", "path",
+            "./kmq-data", "directory of the channel store"),
+    Setting("http_port", "KMQKAFKA_HTTP_PORT", "http-port", "server", "http_port", "port", 8080,
+            "port of /metrics and /health"),
+    Setting("http_host", "KMQKAFKA_HTTP_HOST", "http-host", "server", "http_host", "str",
+            "0.0.0.0", "interface the metrics/health site binds"),
+    Setting("tls_cert", "KMQKAFKA_TLS_CERT", "tls-cert", "server", "tls_cert", "optpath", None,
+            "PEM certificate (chain) of the server"),
+    Setting("tls_key", "KMQKAFKA_TLS_KEY", "tls-key", "server", "tls_key", "optpath", None,
+            "PEM private key of the server (default: read from tls_cert)"),
+    Setting("tls_ca", "KMQKAFKA_TLS_CA", "tls-ca", "server", "tls_ca", "optpath", None,
+            "PEM CA bundle; when set, client certificates are requested and verified if sent"),
+    Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0", 1,
+            "this node's broker id"),
+)
+
+_BY_ATTR = {s.attr: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated settings. Build with ``load_settings``; see ``SETTINGS`` for meanings."""
+
+    kafka_enable: bool = False
+    kafka_port: int = 9092
+    kafka_tls_port: int = 9093
+    kafka_tls_enable: bool = False
+    kafka_advertised_host: str = "127.0.0.1"
+    kafka_advertised_port: int = 9092
+    kafka_max_connections: int = 1000
+    kafka_max_message_bytes: int = 1048576
+    kafka_max_groups: int = 10000
+    kafka_produce_byte_rate: int = 0
+    kafka_fetch_byte_rate: int = 0
+    kafka_auto_create_topics: bool = True
+    kafka_bind_host: str = "0.0.0.0"
+    data_dir: Path = Path("./kmq-data")
+    http_port: int = 8080
+    http_host: str = "0.0.0.0"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    node_id: int = 1
+    config_file: Path | None = None
+    file_tables: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """Largest request frame a Kafka connection accepts (record batches plus headroom)."""
+        return max(100 * 1024 * 1024, 2 * self.kafka_max_message_bytes)
+
+
+def _name(s: Setting) -> str:
+    return f"{s.env} (--{s.option}, [{s.table}] {s.key})"
+
+
+def _parse(s: Setting, raw: Any) -> Any:
+    """Turn ``raw`` (text from env/options, or a TOML value) into the setting's type."""
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"invalid setting {_name(s)}: {raw!r} {why}")
+
+    if s.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise bad("is not a boolean (use true/false, yes/no, on/off, 1/0)")
+    if s.kind in ("port", "port0", "size", "posint", "posint0"):
+        if isinstance(raw, bool):
+            raise bad("is not an integer")
+        if isinstance(raw, int):
+            value = raw
+        else:
+            try:
+                value = int(str(raw).strip(), 10)
+            except ValueError:
+                raise bad("is not an integer") from None
+        if s.kind == "port" and not 1 <= value <= 65535:
+            raise bad("is not a port number in 1..65535")
+        if s.kind == "port0" and not 0 <= value <= 65535:
+            raise bad("is not a port number in 0..65535")
+        if s.kind in ("size", "posint0") and value < 0:
+            raise bad("must not be negative")
+        if s.kind == "posint" and value < 1:
+            raise bad("must be a positive integer")
+        return value
+    if not isinstance(raw, str):
+        raise bad("is not a string")
+    if s.kind == "str":
+        return raw.strip()
+    text = raw.strip()
+    if s.kind == "optpath" and text == "":
+        return None
+    if text == "":
+        raise bad("is empty")
+    return Path(text)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"invalid setting --config: cannot read {str(path)!r}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(
+            f"invalid setting --config: {str(path)!r} is not valid TOML: {str(e).splitlines()[0]}"
+        ) from None
+
+
+def _file_values(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
+    known = {(s.table, s.key): s for s in SETTINGS}
+    values: dict[str, Any] = {}
+    for table in ("kafka", "server"):
+        section = data.get(table, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"invalid setting --config: [{table}] in {str(path)!r} is not a table")
+        for key, value in section.items():
+            s = known.get((table, key))
+            if s is None:
+                raise ConfigError(
+                    f"invalid setting --config: unknown key [{table}] {key} in {str(path)!r}"
+                )
+            values[s.attr] = value
+    return values
+
+
+def load_settings(
+    options: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> Settings:
+    """Merge and validate settings.
+
+    ``options`` maps option names (``"kafka-port"``) to their text, ``None`` meaning not given;
+    the ``kafka`` flag is a bool (only ``True`` overrides). ``environ`` is the process
+    environment (pass ``os.environ``). Raises ``ConfigError`` (one line) on any bad value.
+    """
+    options = options or {}
+    environ = environ or {}
+    file_path = Path(config_file) if config_file else None
+    file_data: dict[str, Any] = _read_file(file_path) if file_path else {}
+    from_file = _file_values(file_path, file_data) if file_path else {}
+
+    values: dict[str, Any] = {}
+    for s in SETTINGS:
+        raw: Any = None
+        opt = options.get(s.option)
+        if s.kind == "bool" and s.option == "kafka":
+            opt = True if opt else None  # a flag can only switch on
+        if opt is not None:
+            raw = opt
+        elif s.env in environ:
+            raw = environ[s.env]
+        elif s.attr in from_file:
+            raw = from_file[s.attr]
+        if raw is None:
+            values[s.attr] = Path(s.default) if s.kind == "path" else s.default
+        else:
+            values[s.attr] = _parse(s, raw)
+
+    if values["tls_key"] is None and values["tls_cert"] is not None:
+        values["tls_key"] = values["tls_cert"]
+    if values["kafka_tls_enable"] is None:
+        values["kafka_tls_enable"] = values["tls_cert"] is not None
+    if values["kafka_enable"] and values["kafka_tls_enable"] and values["tls_cert"] is None:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['kafka_tls_enable'])}: TLS is enabled but no "
+            f"certificate is configured (set KMQKAFKA_TLS_CERT and KMQKAFKA_TLS_KEY)"
+        )
+    if values["kafka_enable"] and values["kafka_port"] == values["kafka_tls_port"] and values[
+        "kafka_tls_enable"
+    ]:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['kafka_tls_port'])}: same as the plaintext port"
+        )
+    if values["kafka_advertised_host"] in (None, ""):
+        bind = values["kafka_bind_host"]
+        values["kafka_advertised_host"] = "127.0.0.1" if bind in _ALL_INTERFACES else bind
+    if values["kafka_advertised_port"] == 0:
+        values["kafka_advertised_port"] = values["kafka_port"]
+
+    extra = {k: v for k, v in file_data.items() if k not in ("kafka", "server")}
+    return Settings(**values, config_file=file_path, file_tables=extra)
+
+
+def option_parameters() -> list[list[Any]]:
+    """``usage.Options.optParameters`` rows for every non-flag setting (defaults are None)."""
+    rows: list[list[Any]] = []
+    for s in SETTINGS:
+        if s.option == "kafka":
+            continue
+        rows.append([s.option, None, None, f"{s.help} [env {s.env}; default {s.default!r}]"])
+    return rows
+

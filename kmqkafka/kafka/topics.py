@@ -1,0 +1,335 @@
+"""The Kafka topic catalog: names, ids, partition counts and configs over the channel store.
+
+A topic ``T`` with N partitions is the channels ``kafka.T``, ``kafka.T~1`` …
+``kafka.T~{N-1}`` plus one entry ``topic:T`` in the coordinator family
+``config`` holding its id, partition count and explicitly set configs. Each
+change is one ``Batch`` command so a topic's channels and its entry move
+together. Reads come from the store's applied state, so a node never reports
+more partitions than it has applied.
+
+Handlers use this module; it never touches the wire types.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred
+
+from kmqkafka.kafka.errors import KafkaError
+from kmqkafka.store import commands as c
+from kmqkafka.store.config import LogConfig
+from kmqkafka.store.names import channel_for
+
+MAX_PARTITIONS = 256
+MAX_TOPIC_NAME = 249
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+_KEY_PREFIX = b"topic:"
+CONFIG_FAMILY = "config"
+
+# Kafka topic configs: name -> (default as Kafka reports it, LogConfig field or None).
+_DAY_MS = 24 * 3600 * 1000
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "compression.type": "producer",
+    "delete.retention.ms": str(_DAY_MS),
+    "file.delete.delay.ms": "60000",
+    "flush.messages": "9223372036854775807",
+    "flush.ms": "9223372036854775807",
+    "index.interval.bytes": "4096",
+    "max.compaction.lag.ms": "9223372036854775807",
+    "max.message.bytes": "1048588",
+    "message.timestamp.type": "CreateTime",
+    "message.timestamp.before.max.ms": "9223372036854775807",
+    "message.timestamp.after.max.ms": "9223372036854775807",
+    "min.cleanable.dirty.ratio": "0.5",
+    "min.compaction.lag.ms": "0",
+    "min.insync.replicas": "1",
+    "preallocate": "false",
+    "retention.bytes": "-1",
+    "retention.ms": str(7 * _DAY_MS),
+    "segment.bytes": str(64 * 1024 * 1024),
+    "segment.index.bytes": "10485760",
+    "segment.jitter.ms": "0",
+    "segment.ms": str(7 * _DAY_MS),
+    "unclean.leader.election.enable": "false",
+    "message.downconversion.enable": "true",
+}
+
+_INT_CONFIGS = {
+    "delete.retention.ms", "file.delete.delay.ms", "flush.messages", "flush.ms",
+    "index.interval.bytes", "max.compaction.lag.ms", "max.message.bytes",
+    "message.timestamp.before.max.ms", "message.timestamp.after.max.ms",
+    "min.compaction.lag.ms", "min.insync.replicas", "retention.bytes", "retention.ms",
+    "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
+}
+
+_COMPRESSION_TYPES = {"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"}
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    """One topic as the catalog knows it."""
+
+    name: str
+    topic_id: uuid.UUID
+    partitions: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+    def channels(self) -> list[str]:
+        return [channel_for(self.name, p) for p in range(self.partitions)]
+
+    def config_value(self, name: str) -> str | None:
+        if name in self.configs:
+            return self.configs[name]
+        return TOPIC_CONFIG_DEFAULTS.get(name)
+
+
+def validate_topic_name(name: str | None) -> None:
+    """Kafka's topic-name rules, plus ``~`` which the channel grammar reserves."""
+    if not name:
+        raise KafkaError(ErrorCode.invalid_topic_exception, "Topic name is illegal, it can't be empty")
+    if name in (".", ".."):
+        raise KafkaError(ErrorCode.invalid_topic_exception,
+                         "Topic name cannot be \".\" or \"..\"")
+    if len(name) > MAX_TOPIC_NAME:
+        raise KafkaError(ErrorCode.invalid_topic_exception,
+                         f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters")
+    if "~" in name:
+        raise KafkaError(ErrorCode.invalid_topic_exception,
+                         "Topic name is illegal: '~' is reserved as the partition separator")
+    if not _LEGAL_TOPIC.match(name):
+        raise KafkaError(ErrorCode.invalid_topic_exception,
+                         f"Topic name \"{name}\" is illegal, it contains a character other than "
+                         "ASCII alphanumerics, '.', '_' and '-'")
+
+
+def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
+    """Check Kafka topic configs; return the LogConfig changes they imply.
+
+    Raises KafkaError(INVALID_CONFIG) naming the first bad entry.
+    """
+    changes: dict[str, Any] = {}
+    for name, value in configs.items():
+        if name not in TOPIC_CONFIG_DEFAULTS:
+            raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {name}")
+        if value is None:
+            value = TOPIC_CONFIG_DEFAULTS[name]
+        if name in _INT_CONFIGS:
+            try:
+                number = int(value)
+            except ValueError:
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration {name}: Not a number") from None
+            if number < -1 or (number == -1 and name not in ("retention.ms", "retention.bytes")):
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration {name}")
+            if name == "segment.bytes" and number < 14:
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration segment.bytes: Value must be at least 14")
+            field_name = _LOG_FIELDS.get(name)
+            if field_name is not None:
+                changes[field_name] = None if number == -1 else number
+        elif name == "cleanup.policy":
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            if not parts or any(p not in ("delete", "compact") for p in parts):
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration cleanup.policy")
+            changes["cleanup_policy"] = ",".join(sorted(set(parts)))
+        elif name == "compression.type":
+            if value not in _COMPRESSION_TYPES:
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration compression.type")
+        elif name == "message.timestamp.type":
+            if value not in ("CreateTime", "LogAppendTime"):
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration message.timestamp.type")
+        elif name in ("preallocate", "unclean.leader.election.enable", "message.downconversion.enable"):
+            if value.lower() not in ("true", "false"):
+                raise KafkaError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}")
+    return changes
+
+
+_LOG_FIELDS = {
+    "retention.ms": "retention_ms",
+    "retention.bytes": "retention_bytes",
+    "max.message.bytes": "max_message_bytes",
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+    "delete.retention.ms": "delete_retention_ms",
+    "index.interval.bytes": "index_interval_bytes",
+}
+
+
+def _all_log_changes(configs: Mapping[str, str]) -> dict[str, Any]:
+    """LogConfig for a topic's full config set (defaults filled in)."""
+    merged = {name: configs.get(name, default) for name, default in TOPIC_CONFIG_DEFAULTS.items()}
+    return validate_configs(merged)
+
+
+class TopicCatalog:
+    """Create, grow, reconfigure, delete and look up topics. Reactor thread only."""
+
+    def __init__(self, store: Any, *, default_partitions: int = 1) -> None:
+        self._store = store
+        self._cache: dict[str, tuple[bytes, Topic]] = {}
+        self.default_partitions = default_partitions
+
+    # --- lookups ----------------------------------------------------------------------
+
+    def get(self, name: str) -> Topic | None:
+        raw = self._store.keyed_get(CONFIG_FAMILY, _KEY_PREFIX + name.encode())
+        if raw is None:
+            self._cache.pop(name, None)
+            return None
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] == raw:
+            return cached[1]
+        topic = _decode(name, raw)
+        self._cache[name] = (raw, topic)
+        return topic
+
+    def require(self, name: str) -> Topic:
+        topic = self.get(name)
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                             "This server does not host this topic-partition.")
+        return topic
+
+    def by_id(self, topic_id: uuid.UUID) -> Topic | None:
+        for topic in self.all():
+            if topic.topic_id == topic_id:
+                return topic
+        return None
+
+    def all(self) -> list[Topic]:
+        out = []
+        for key, raw in self._store.keyed_items(CONFIG_FAMILY, _KEY_PREFIX):
+            name = key[len(_KEY_PREFIX):].decode()
+            out.append(self.get(name) or _decode(name, raw))
+        return sorted(out, key=lambda t: t.name)
+
+    def names(self) -> list[str]:
+        return [t.name for t in self.all()]
+
+    # --- changes ----------------------------------------------------------------------
+
+    def create(
+        self,
+        name: str,
+        partitions: int = -1,
+        configs: Mapping[str, str | None] | None = None,
+        *,
+        validate_only: bool = False,
+    ) -> Deferred:
+        """Create a topic; fires with the Topic. Raises KafkaError synchronously on bad input."""
+        validate_topic_name(name)
+        if partitions is None or partitions < 1:
+            partitions = self.default_partitions
+        if partitions > MAX_PARTITIONS:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"Count exceeds the maximum of {MAX_PARTITIONS}")
+        explicit = {k: v for k, v in (configs or {}).items() if v is not None}
+        log_changes = _all_log_changes(explicit)
+        if self.get(name) is not None:
+            raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        topic = Topic(name, uuid.uuid4(), partitions, explicit)
+        if validate_only:
+            return _done(topic)
+        cmds = [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
+                for p in range(partitions)]
+        cmds.append(self._put(topic))
+        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: topic)
+
+    def add_partitions(self, name: str, count: int, *, validate_only: bool = False) -> Deferred:
+        """Grow a topic to ``count`` partitions under the seed's increase-only rules."""
+        topic = self.require(name)
+        if count > MAX_PARTITIONS:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"Count exceeds the maximum of {MAX_PARTITIONS}")
+        if count == topic.partitions:
+            raise KafkaError(ErrorCode.invalid_partitions,
+                             f"topic already has {topic.partitions} partition(s)")
+        if count < topic.partitions:
+            raise KafkaError(ErrorCode.invalid_partitions, "partition count must be >= current")
+        grown = Topic(topic.name, topic.topic_id, count, topic.configs)
+        if validate_only:
+            return _done(grown)
+        log_changes = _all_log_changes(topic.configs)
+        cmds = [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
+                for p in range(topic.partitions, count)]
+        cmds.append(self._put(grown))
+        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: grown)
+
+    def set_configs(
+        self, name: str, configs: Mapping[str, str | None], *, replace: bool,
+        validate_only: bool = False,
+    ) -> Deferred:
+        """AlterConfigs (``replace=True``: unspecified go back to defaults) or incremental."""
+        topic = self.require(name)
+        if replace:
+            merged = {k: v for k, v in configs.items() if v is not None}
+        else:
+            merged = dict(topic.configs)
+            for k, v in configs.items():
+                if v is None:
+                    merged.pop(k, None)
+                else:
+                    merged[k] = v
+        validate_configs(configs)
+        log_changes = _all_log_changes(merged)
+        updated = Topic(topic.name, topic.topic_id, topic.partitions, merged)
+        if validate_only:
+            return _done(updated)
+        cmds: list[c.Command] = [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
+        cmds.append(self._put(updated))
+        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: updated)
+
+    def delete(self, name: str) -> Deferred:
+        topic = self.require(name)
+        cmds: list[c.Command] = [c.DeleteChannel(ch, missing_ok=True) for ch in topic.channels()]
+        cmds.append(c.KeyedPut(CONFIG_FAMILY, ((_KEY_PREFIX + name.encode(), None),),
+                               self._store.now_ms()))
+        self._cache.pop(name, None)
+        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: topic)
+
+    def _put(self, topic: Topic) -> c.KeyedPut:
+        return c.KeyedPut(CONFIG_FAMILY, ((_KEY_PREFIX + topic.name.encode(), _encode(topic)),),
+                          self._store.now_ms())
+
+
+def _encode(topic: Topic) -> bytes:
+    return json.dumps({"id": str(topic.topic_id), "partitions": topic.partitions,
+                       "configs": dict(topic.configs)}, sort_keys=True).encode()
+
+
+def _decode(name: str, raw: bytes) -> Topic:
+    data = json.loads(raw)
+    return Topic(name, uuid.UUID(data["id"]), int(data["partitions"]), data.get("configs", {}))
+
+
+def _done(value: Any) -> Deferred:
+    d: Deferred = Deferred()
+    d.callback(value)
+    return d
+
+
+def describe_configs(topic: Topic, names: Iterable[str] | None = None) -> list[tuple[str, str, bool]]:
+    """(name, value, is_default) for DescribeConfigs, in name order."""
+    wanted = sorted(TOPIC_CONFIG_DEFAULTS) if names is None else list(names)
+    out = []
+    for name in wanted:
+        if name not in TOPIC_CONFIG_DEFAULTS:
+            continue
+        explicit = name in topic.configs
+        out.append((name, topic.config_value(name) or "", not explicit))
+    return out
+
+
+def log_config_for(configs: Mapping[str, str]) -> LogConfig:
+    return LogConfig().with_changes(**_all_log_changes(configs))

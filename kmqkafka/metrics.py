@@ -1,0 +1,71 @@
+"""Every Prometheus metric of the daemon, defined in one place on an injected registry.
+
+Names follow ``kmqkafka_<area>_<what>_<unit>``. The tap builds one ``CollectorRegistry`` and one
+``Metrics``; everything else receives them. Handlers increment the per-topic byte counters. Store
+size and per-partition log start/end are exported by the store's own collector, which
+``ChannelStore`` registers on the same registry (``kmqkafka_store_size_bytes``,
+``kmqkafka_partition_log_end_offset``, ``kmqkafka_partition_log_start_offset``).
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+
+
+class Metrics:
+    """The metric objects, registered on ``registry`` at construction."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.kafka_requests = Counter(
+            "kmqkafka_kafka_requests_total",
+            "Kafka requests answered, by API name and version",
+            ["api", "version"],
+            registry=registry,
+        )
+        self.kafka_request_latency = Histogram(
+            "kmqkafka_kafka_request_latency_seconds",
+            "Time from a Kafka request being decoded to its response being queued",
+            ["api", "version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.kafka_request_errors = Counter(
+            "kmqkafka_kafka_request_errors_total",
+            "Kafka requests that failed in the handler (answered with UNKNOWN_SERVER_ERROR or"
+            " closed)",
+            ["api", "version"],
+            registry=registry,
+        )
+        self.kafka_protocol_errors = Counter(
+            "kmqkafka_kafka_protocol_errors_total",
+            "Kafka connections closed for a protocol violation, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.kafka_connections = Gauge(
+            "kmqkafka_kafka_connections_open",
+            "Open Kafka connections, by listener",
+            ["listener"],
+            registry=registry,
+        )
+        self.kafka_connections_refused = Counter(
+            "kmqkafka_kafka_connections_refused_total",
+            "Kafka connections closed at accept because the connection cap was reached",
+            registry=registry,
+        )
+        self.kafka_bytes_in = Counter(
+            "kmqkafka_kafka_topic_bytes_in_total",
+            "Record-batch bytes produced to a topic",
+            ["topic"],
+            registry=registry,
+        )
+        self.kafka_bytes_out = Counter(
+            "kmqkafka_kafka_topic_bytes_out_total",
+            "Record-batch bytes fetched from a topic",
+            ["topic"],
+            registry=registry,
+        )

@@ -1,0 +1,377 @@
+"""The Kafka connection: framing, header decoding, version checks and ordered responses.
+
+A connection reads 4-byte big-endian size-prefixed frames into one linear ``bytearray`` with a read
+offset. For each frame it reads (api_key, api_version, correlation_id), refuses unknown API keys
+(close), answers unadvertised versions without running a handler (see ``Dispatcher``), decodes the
+request header (v1 or v2, as kio's request class says) and the body with kio, and hands the request
+to the dispatcher. Responses are written strictly in request order, whatever order the handlers
+finish in. Protocol violations (oversized or negative frame size, unknown API key, undecodable or
+over-long body) are logged once and close only that connection.
+
+Back-pressure: with more than ``MAX_IN_FLIGHT`` requests awaiting their response the connection
+stops reading (``pauseProducing``) and resumes once the queue falls to ``RESUME_IN_FLIGHT``.
+Everything here runs on the reactor thread.
+"""
+from __future__ import annotations
+
+import io
+import struct
+from collections import deque
+from typing import Any
+
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+from kio.static.primitive import i32
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher, api_name
+from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
+from kmqkafka.metrics import Metrics
+
+MAX_IN_FLIGHT = 64
+RESUME_IN_FLIGHT = 16
+_COMPACT_AT = 256 * 1024
+_PREFIX = struct.Struct(">i")
+_HEAD = struct.Struct(">hhi")
+_RESPONSE_HEADERS = {0: ResponseHeaderV0, 1: ResponseHeaderV1}
+
+
+def _peer_text(address: IAddress | None) -> str:
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    return f"{host}:{port}" if host is not None else str(address)
+
+
+class _Slot:
+    """One request's place in the connection's response order."""
+
+    __slots__ = ("ctx", "deferred", "done", "result", "started")
+
+    def __init__(self, ctx: RequestContext | None, started: float) -> None:
+        self.ctx = ctx
+        self.started = started
+        self.deferred: Deferred[Any] | None = None
+        self.done = False
+        self.result: Any = None
+
+
+class KafkaProtocol(Protocol):
+    """One client connection. Created by ``KafkaFactory``; never used by handlers."""
+
+    log = Logger()
+
+    def __init__(self, factory: KafkaFactory) -> None:
+        self.factory = factory
+        self._buf = bytearray()
+        self._pos = 0
+        self._pending: deque[_Slot] = deque()
+        self._paused = False  # we asked the transport to stop reading (back-pressure)
+        self._draining = False  # the service is stopping: no new requests
+        self._closing = False
+        self._counted = False
+        self._in_process = False
+        self._drain_waiters: list[Deferred[None]] = []
+        self.peer = ""
+
+    # -- Twisted hooks -------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.peer = _peer_text(self.transport.getPeer())
+        if not self.factory.limiter.acquire():
+            self.factory.metrics.kafka_connections_refused.inc()
+            self.log.warn("refusing Kafka connection from {peer}: {limit} connections open",
+                          peer=self.peer, limit=self.factory.limiter.limit)
+            self._closing = True
+            self.transport.abortConnection()
+            return
+        self._counted = True
+        self.factory.connection_opened(self)
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        self._closing = True
+        if self._counted:
+            self._counted = False
+            self.factory.limiter.release()
+            self.factory.connection_closed(self)
+        pending, self._pending = self._pending, deque()
+        for slot in pending:
+            if slot.deferred is not None and not slot.done:
+                slot.deferred.cancel()
+        self._buf = bytearray()
+        self._pos = 0
+        self._fire_drained()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._buf += data
+        self._process()
+
+    # -- framing -------------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        # Re-entry (a handler finishing synchronously and resuming us) would resize the buffer
+        # under a live memoryview; the outer loop picks up the remaining frames instead.
+        if self._in_process:
+            return
+        self._in_process = True
+        try:
+            self._process_frames()
+        finally:
+            self._in_process = False
+
+    def _process_frames(self) -> None:
+        buf = self._buf
+        cap = self.factory.max_frame_bytes
+        while not self._paused and not self._closing and not self._draining:
+            available = len(buf) - self._pos
+            if available < 4:
+                break
+            (size,) = _PREFIX.unpack_from(buf, self._pos)
+            if size < 0 or size > cap:
+                self._violation("frame_size", "frame size {size} outside 0..{cap}", size=size,
+                                cap=cap)
+                return
+            if available - 4 < size:
+                break
+            start = self._pos + 4
+            self._pos = start + size
+            with memoryview(buf) as whole, whole[start:start + size].toreadonly() as frame:
+                self._frame(frame)
+        if self._closing:
+            return
+        if self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        elif self._pos >= _COMPACT_AT:
+            del buf[: self._pos]
+            self._pos = 0
+
+    def _violation(self, reason: str, message: str, **fields: Any) -> None:
+        """Log once, count, and close this connection (discarding anything unread)."""
+        self.factory.metrics.kafka_protocol_errors.labels(reason).inc()
+        self.log.warn("closing Kafka connection from {peer}: " + message, peer=self.peer,
+                      **fields)
+        self._closing = True
+        self._buf = bytearray()
+        self._pos = 0
+        self.transport.abortConnection()
+
+    def _frame(self, frame: memoryview) -> None:
+        if len(frame) < _HEAD.size:
+            self._violation("truncated_header", "frame of {n} bytes has no request header",
+                            n=len(frame))
+            return
+        api_key, api_version, correlation_id = _HEAD.unpack_from(frame, 0)
+        dispatcher = self.factory.dispatcher
+        if dispatcher.lookup(api_key) is None:
+            self._violation("unknown_api_key", "unknown API key {api_key}", api_key=api_key)
+            return
+        if not dispatcher.supports(api_key, api_version):
+            answer = dispatcher.unsupported_version_response(api_key, api_version)
+            if answer is None:
+                self._violation("unsupported_version", "{api} v{version} is not supported",
+                                api=api_name(api_key), version=api_version)
+                return
+            response, header_version = answer
+            slot = _Slot(None, self.factory.reactor.seconds())
+            slot.done = True
+            slot.result = (correlation_id, response, header_version)
+            self._pending.append(slot)
+            self._flush()
+            return
+        request_type = dispatcher.request_type(api_key, api_version)
+        response_type = dispatcher.response_type(api_key, api_version)
+        try:
+            header, used = entity_reader(request_type.__header_schema__)(frame, 0)
+            request, body = entity_reader(request_type)(frame, used)
+            if used + body != len(frame):
+                raise SerialError(f"{len(frame) - used - body} bytes after the request body")
+        except (SerialError, ValueError, TypeError, OverflowError) as e:
+            self._violation("malformed_request", "malformed {api} v{version} request: {error}",
+                            api=api_name(api_key), version=api_version, error=str(e))
+            return
+        ctx = RequestContext(
+            api_key=api_key,
+            api_version=api_version,
+            correlation_id=correlation_id,
+            client_id=header.client_id,
+            response_type=response_type,
+            broker=self.factory.broker,
+            principal=ANONYMOUS,
+            peer=self.peer,
+            listener=self.factory.listener,
+        )
+        slot = _Slot(ctx, self.factory.reactor.seconds())
+        self._pending.append(slot)
+        d = dispatcher.dispatch(request, ctx)
+        slot.deferred = d
+        d.addBoth(self._handled, slot)
+        if len(self._pending) > MAX_IN_FLIGHT and not self._paused and not self._closing:
+            self._paused = True
+            self.transport.pauseProducing()
+
+    # -- responses -----------------------------------------------------------------------------
+
+    def _handled(self, result: Any, slot: _Slot) -> None:
+        if isinstance(result, Failure):  # only CancelledError reaches here
+            result = CLOSE_CONNECTION
+        slot.done = True
+        assert slot.ctx is not None
+        if result is CLOSE_CONNECTION or result is NO_RESPONSE:
+            slot.result = result
+        else:
+            slot.result = (
+                slot.ctx.correlation_id,
+                result,
+                slot.ctx.response_type.__header_schema__.__version__,
+            )
+        metrics = self.factory.metrics
+        labels = (api_name(slot.ctx.api_key), str(slot.ctx.api_version))
+        metrics.kafka_requests.labels(*labels).inc()
+        metrics.kafka_request_latency.labels(*labels).observe(
+            max(0.0, self.factory.reactor.seconds() - slot.started)
+        )
+        if not self._closing:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write every finished response at the head of the queue, in request order."""
+        out: list[bytes] = []
+        while self._pending and self._pending[0].done:
+            slot = self._pending.popleft()
+            if slot.result is NO_RESPONSE:
+                continue
+            if slot.result is CLOSE_CONNECTION:
+                if out:
+                    self.transport.writeSequence(out)
+                self._violation("handler_failed", "handler could not answer; closing")
+                return
+            correlation_id, response, header_version = slot.result
+            try:
+                out.append(self._encode(correlation_id, response, header_version))
+            except Exception:
+                self.log.failure("cannot encode {response_type} for {peer}",
+                                 response_type=type(response).__name__, peer=self.peer)
+                if out:
+                    self.transport.writeSequence(out)
+                self._violation("encode_failed", "response could not be encoded")
+                return
+        if out:
+            self.transport.writeSequence(out)
+        if self._paused and len(self._pending) <= RESUME_IN_FLIGHT:
+            self._paused = False
+            if not self._draining:
+                self.transport.resumeProducing()
+                self._process()
+        if not self._pending:
+            self._fire_drained()
+
+    @staticmethod
+    def _encode(correlation_id: int, response: Any, header_version: int) -> bytes:
+        header_type = _RESPONSE_HEADERS[header_version]
+        out = io.BytesIO()
+        out.write(b"\0\0\0\0")
+        entity_writer(header_type)(out, header_type(correlation_id=i32(correlation_id)))
+        entity_writer(type(response))(out, response)
+        data = out.getbuffer()
+        _PREFIX.pack_into(data, 0, len(data) - 4)
+        del data
+        return out.getvalue()
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def drain(self) -> Deferred[None]:
+        """Stop reading new requests; fire when every accepted request has been answered."""
+        self._draining = True
+        if not self._paused and self.transport is not None:
+            self.transport.pauseProducing()
+            self._paused = True
+        if not self._pending or self._closing:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._drain_waiters.append(d)
+        return d
+
+    def _fire_drained(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+
+class ConnectionLimiter:
+    """A connection budget shared by the plaintext and TLS listeners."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def acquire(self) -> bool:
+        """Take one slot; ``False`` when the limit is reached."""
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def release(self) -> None:
+        """Give back a slot taken by ``acquire``."""
+        self.open -= 1
+
+
+class KafkaFactory(Factory):
+    """Builds ``KafkaProtocol`` for one listener; holds the dispatcher and metrics."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: Metrics,
+        reactor: IReactorTime,
+        max_frame_bytes: int,
+        limiter: ConnectionLimiter,
+        listener: str = "PLAINTEXT",
+        broker: Broker | None = None,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.reactor = reactor
+        self.max_frame_bytes = max_frame_bytes
+        self.limiter = limiter
+        self.listener = listener
+        self.broker = broker
+        self.connections: set[KafkaProtocol] = set()
+        self.noisy = False
+
+    def buildProtocol(self, addr: IAddress) -> KafkaProtocol:
+        return KafkaProtocol(self)
+
+    def connection_opened(self, protocol: KafkaProtocol) -> None:
+        """Called by a protocol that was admitted under the connection cap."""
+        self.connections.add(protocol)
+        self.metrics.kafka_connections.labels(self.listener).inc()
+
+    def connection_closed(self, protocol: KafkaProtocol) -> None:
+        """Called by an admitted protocol when its connection goes."""
+        self.connections.discard(protocol)
+        self.metrics.kafka_connections.labels(self.listener).dec()
+
+    def drain(self, timeout: float) -> Deferred[None]:
+        """Answer in-flight requests (at most ``timeout`` seconds), then close every connection."""
+        waits = [p.drain() for p in list(self.connections)]
+        d: Deferred[Any] = DeferredList(waits, consumeErrors=True)
+        d.addTimeout(timeout, self.reactor)  # type: ignore[arg-type]
+
+        def close(_: object) -> None:
+            for p in list(self.connections):
+                p.transport.loseConnection()
+
+        d.addBoth(close)
+        return d
+
+
+__all__ = ["ConnectionLimiter", "KafkaFactory", "KafkaProtocol", "MAX_IN_FLIGHT"]

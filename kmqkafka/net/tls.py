@@ -1,0 +1,66 @@
+"""TLS for the Kafka listener: a pyOpenSSL context factory from the server's PEM files.
+
+The certificate settings are the server's global ones (``KMQKAFKA_TLS_CERT``/``_KEY``/``_CA``);
+there is no Kafka-specific certificate. With a CA bundle, client certificates are requested and
+verified when presented (they are not required).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from twisted.internet import ssl
+
+from kmqkafka.config import ConfigError
+
+
+def _read(path: Path, setting: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"invalid setting {setting}: cannot read {str(path)!r}: {e.strerror}") from None
+
+
+def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.CertificateOptions:
+    """Build the TLS server context; raises ``ConfigError`` (one line) for unreadable/bad PEM."""
+    cert_pem = _read(cert, "KMQKAFKA_TLS_CERT")
+    key_pem = cert_pem if key == cert else _read(key, "KMQKAFKA_TLS_KEY")
+    try:
+        private = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
+    except Exception as e:  # pyOpenSSL raises several unrelated types for bad PEM
+        raise ConfigError(
+            f"invalid setting KMQKAFKA_TLS_CERT/KMQKAFKA_TLS_KEY: cannot load certificate and key "
+            f"from {str(cert)!r}/{str(key)!r}: {type(e).__name__}"
+        ) from None
+    # Intermediate certificates after the leaf in the cert file are sent as the chain.
+    blocks = cert_pem.split(b"-----BEGIN CERTIFICATE-----")[2:]
+    try:
+        chain = [ssl.Certificate.loadPEM(b"-----BEGIN CERTIFICATE-----" + b).original for b in blocks]
+    except Exception as e:
+        raise ConfigError(
+            f"invalid setting KMQKAFKA_TLS_CERT: bad certificate chain in {str(cert)!r}: "
+            f"{type(e).__name__}"
+        ) from None
+    kwargs: dict[str, object] = {}
+    if ca is not None:
+        ca_pem = _read(ca, "KMQKAFKA_TLS_CA")
+        try:
+            authorities = [
+                ssl.Certificate.loadPEM(b"-----BEGIN CERTIFICATE-----" + block).original
+                for block in ca_pem.split(b"-----BEGIN CERTIFICATE-----")[1:]
+            ]
+        except Exception as e:
+            raise ConfigError(
+                f"invalid setting KMQKAFKA_TLS_CA: cannot load {str(ca)!r}: {type(e).__name__}"
+            ) from None
+        kwargs.update(caCerts=authorities, verify=True, requireCertificate=False)
+    options = ssl.CertificateOptions(
+        privateKey=private.privateKey.original,
+        certificate=private.original,
+        extraCertChain=chain,
+        raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+        **kwargs,
+    )
+    return options
+
+
+__all__ = ["server_context"]

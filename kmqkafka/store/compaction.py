@@ -1,0 +1,208 @@
+"""Key-based compaction of a channel's closed segments.
+
+Flow (see ``ChannelLog.compaction_plan`` / ``install_compaction``)::
+
+    plan = log.compaction_plan(now_ms)   # reactor: snapshot segments, open fds
+    result = plan.run()                  # any thread: pure file work, fsyncs its output
+    log.install_compaction(result)       # reactor: rename in if still unchanged
+
+For every key only the record with the highest Sequence survives; records with a
+null key are kept; tombstones (null value) are dropped once their batch's
+maxTimestamp is older than ``now - delete_retention_ms``; control batches are kept
+untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
+offset, codec, attributes, producer id/epoch, base sequence and leader epoch, with
+offset deltas that leave gaps. A batch left without records disappears; a segment
+may become an empty file (it is kept so log_start never moves). Output files are
+``{base:020d}.log.cleaned`` plus ``.index.cleaned`` / ``.timeindex.cleaned``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kmqkafka import records
+from kmqkafka.store.index import IndexBuilder
+from kmqkafka.store.segment import (
+    CLEANED_SUFFIX,
+    LOG_SUFFIX,
+    iter_file_batches,
+    segment_name,
+    write_all,
+    write_index_parts,
+)
+
+_WRITE_BUFFER = 1024 * 1024
+
+
+@dataclass(slots=True)
+class SegmentSource:
+    """One segment as the plan saw it; ``fd`` is owned by the plan."""
+
+    base: int
+    generation: int
+    size: int
+    fd: int
+    clean: bool  # a closed segment to rewrite (else only read for the key map)
+
+
+@dataclass(slots=True)
+class CleanedSegment:
+    """A rewritten segment waiting to be renamed over the original."""
+
+    base: int
+    generation: int
+    size: int
+    max_timestamp: int
+    max_timestamp_rel: int
+    log_path: Path
+    index_path: Path
+    time_index_path: Path
+
+    def discard(self) -> None:
+        for path in (self.log_path, self.index_path, self.time_index_path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+@dataclass(slots=True)
+class CompactionResult:
+    segments: list[CleanedSegment]
+    records_removed: int = 0
+
+
+@dataclass
+class CompactionPlan:
+    """A snapshot to compact; ``run`` is thread-safe and closes the plan's fds."""
+
+    directory: Path
+    sources: list[SegmentSource]
+    bound: int  # exclusive Sequence bound for the key map (durable_sequence at plan time)
+    now_ms: int
+    delete_retention_ms: int
+    interval: int
+
+    def run(self) -> CompactionResult:
+        """Build the key map, rewrite the segments that change, fsync the output."""
+        try:
+            latest = self._key_map()
+            horizon = self.now_ms - self.delete_retention_ms
+            out: list[CleanedSegment] = []
+            removed = 0
+            for src in self.sources:
+                if src.clean:
+                    cleaned, n = self._clean(src, latest, horizon)
+                    removed += n
+                    if cleaned is not None:
+                        out.append(cleaned)
+            return CompactionResult(out, removed)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the fds (``run`` does this itself)."""
+        for src in self.sources:
+            if src.fd >= 0:
+                os.close(src.fd)
+                src.fd = -1
+
+    def _key_map(self) -> dict[bytes, int]:
+        latest: dict[bytes, int] = {}
+        for src in self.sources:
+            for _pos, batch in iter_file_batches(src.fd, src.size):
+                header = records.read_header(batch)
+                if header.base_offset + 1 + header.last_offset_delta >= self.bound:
+                    return latest
+                if header.is_control:
+                    continue
+                for rec in records.iter_records(batch):
+                    if rec.key is not None:
+                        latest[rec.key] = rec.offset + 1
+        return latest
+
+    def _clean(
+        self, src: SegmentSource, latest: dict[bytes, int], horizon: int
+    ) -> tuple[CleanedSegment | None, int]:
+        builder = IndexBuilder(self.interval)
+        log_path = self.directory / (segment_name(src.base, LOG_SUFFIX) + CLEANED_SUFFIX)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        changed = False
+        removed = 0
+        written = 0
+        pending = bytearray()
+        try:
+            for _pos, batch in iter_file_batches(src.fd, src.size):
+                header = records.read_header(batch)
+                keep: bytes | memoryview
+                if header.is_control:
+                    keep = batch
+                else:
+                    recs = list(records.iter_records(batch))
+                    kept = [
+                        r for r in recs
+                        if (r.key is None or latest.get(r.key, r.offset + 1) == r.offset + 1)
+                        and not (r.value is None and header.max_timestamp < horizon)
+                    ]
+                    removed += len(recs) - len(kept)
+                    if len(kept) == len(recs):
+                        keep = batch
+                    elif not kept:
+                        changed = True
+                        continue
+                    else:
+                        changed = True
+                        keep = _rebuild(header, kept, self.now_ms)
+                max_ts = records.read_header(keep).max_timestamp
+                builder.add(records.read_header(keep).base_offset + 1 - src.base, written + len(pending), max_ts)
+                pending += keep
+                if len(pending) >= _WRITE_BUFFER:
+                    write_all(fd, pending)
+                    written += len(pending)
+                    pending = bytearray()
+            if not changed:
+                os.close(fd)
+                fd = -1
+                os.unlink(log_path)
+                return None, removed
+            write_all(fd, pending)
+            written += len(pending)
+            os.fsync(fd)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        builder.seal()
+        files = write_index_parts(self.directory, src.base, builder, CLEANED_SUFFIX)
+        for ifd, _part, _final in files:
+            os.fsync(ifd)
+            os.close(ifd)
+        return CleanedSegment(
+            base=src.base,
+            generation=src.generation,
+            size=written,
+            max_timestamp=builder.max_timestamp,
+            max_timestamp_rel=builder.max_timestamp_rel,
+            log_path=log_path,
+            index_path=files[0][1],
+            time_index_path=files[1][1],
+        ), removed
+
+
+def _rebuild(header: records.BatchHeader, kept: list[records.Record], now_ms: int) -> bytearray:
+    """Re-encode the surviving records of one batch, keeping their offsets and metadata."""
+    batch = bytearray(records.build_batch(
+        [records.NewRecord(value=r.value, key=r.key, headers=r.headers, timestamp=r.timestamp)
+         for r in kept],
+        now_ms=now_ms,
+        base_offset=header.base_offset,
+        compression=header.compression,
+        attributes=header.attributes,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        offset_deltas=[r.offset - header.base_offset for r in kept],
+    ))
+    records.set_partition_leader_epoch(batch, header.partition_leader_epoch)
+    return batch

@@ -1,0 +1,662 @@
+"""The segment log of one channel: append, read, recovery, group commit, retention.
+
+A channel directory holds segments (see segment.py and index.py for their files)
+and a ``log-start`` checkpoint: the decimal first available Sequence, written with
+``fsutil.write_atomic`` whenever truncate_prefix or retention moves it.
+``config.json`` belongs to the caller.
+
+Every method of ``ChannelLog`` is reactor-thread only and never calls fsync,
+except ``open``/``close`` (start-up and shut-down) and ``truncate_prefix`` /
+retention (the tiny checkpoint). Durability comes from group commit::
+
+    token = log.prepare_flush()       # reactor: capture fds and the Sequence covered
+    token.run()                       # I/O thread: fdatasync/fsync, index renames
+    log.complete_flush(token)         # reactor: advance durable_sequence, close fds
+
+Readers see ``durable_sequence`` as the high watermark. Time is always passed
+in (``now_ms``); nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import shutil
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from kmqkafka import records
+from kmqkafka.store import fsutil
+from kmqkafka.store.compaction import CompactionPlan, CompactionResult, SegmentSource
+from kmqkafka.store.config import LogConfig
+from kmqkafka.store.errors import CorruptStore, OffsetOutOfRange
+from kmqkafka.store.segment import (
+    BATCH_SPAN,
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    PART_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    Segment,
+    iter_file_batches,
+    parse_base,
+    scan_log,
+    write_all,
+    write_index_parts,
+)
+
+LOG_START_FILE = "log-start"
+_READ_FLOOR = 64 * 1024  # smallest pread, so tiny budgets still cover a few headers
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """Whole stored batches (memoryviews over pread buffers) and the log's bounds."""
+
+    batches: list[memoryview]
+    nbytes: int
+    log_start: int
+    high_watermark: int
+
+
+class FlushToken:
+    """One group commit: fds to sync and the next_sequence it makes durable.
+
+    Created by ``ChannelLog.prepare_flush`` on the reactor; ``run`` may be called
+    from any thread (it only fsyncs fds the log keeps open until
+    ``complete_flush`` and renames index files nobody reads yet).
+    """
+
+    __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done")
+
+    def __init__(self, serial: int, covers: int, fds: list[int], index_jobs: list, sync_dir: bool,
+                 directory: Path) -> None:
+        self.serial = serial
+        self.covers = covers
+        self.fds = fds
+        self.index_jobs = index_jobs  # [(segment, [(fd, part, final), ...])]
+        self.sync_dir = sync_dir
+        self.directory = directory
+        self.done = False
+
+    def run(self) -> None:
+        """fdatasync the data, make rolled segments' indexes durable, fsync the directory."""
+        for fd in self.fds:
+            os.fdatasync(fd)
+        for _segment, files in self.index_jobs:
+            for fd, part, final in files:
+                os.fsync(fd)
+                os.replace(part, final)
+        if self.sync_dir or self.index_jobs:
+            fsutil.fsync_dir(self.directory)
+
+
+class ChannelLog:
+    """Append-only log of RecordBatch v2 batches; batch baseOffset = first Sequence - 1."""
+
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        """Use ``ChannelLog.open``."""
+        self._dir = directory
+        self._config = config
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._log_start = 1
+        self._next = 1
+        self._durable = 1
+        self._dirty_fds: dict[int, None] = {}
+        self._fd_refs: dict[int, int] = {}
+        self._retired_fds: set[int] = set()
+        self._index_jobs: list = []
+        self._sync_dir = False
+        self._tokens: deque[FlushToken] = deque()
+        self._serial = 0
+        self.truncated_bytes = 0  # bytes cut off by the last recovery (torn tails)
+
+    # --- properties ------------------------------------------------------------------
+
+    @property
+    def log_start(self) -> int:
+        return self._log_start
+
+    @property
+    def next_sequence(self) -> int:
+        return self._next
+
+    @property
+    def durable_sequence(self) -> int:
+        return self._durable
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    def set_config(self, config: LogConfig) -> None:
+        """New settings apply from the next append/roll/retention pass."""
+        self._config = config
+
+    @property
+    def directory(self) -> Path:
+        return self._dir
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def _active(self) -> Segment:
+        return self._segments[-1]
+
+    # --- open and recovery --------------------------------------------------------
+
+    @classmethod
+    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> "ChannelLog":
+        """Open (creating if needed) and recover a channel directory; blocking, start-up only.
+
+        Recovery scans every segment that has no trustworthy index (always the last)
+        batch by batch with CRC checks and truncates at the first torn or corrupt batch;
+        segments after a truncated one are deleted so Sequences stay dense.
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        log = cls(directory, config)
+        log._recover(now_ms)
+        return log
+
+    def _recover(self, now_ms: int) -> None:
+        checkpoint = 0
+        try:
+            checkpoint = int((self._dir / LOG_START_FILE).read_text().strip() or 0)
+        except FileNotFoundError:
+            pass
+        names = os.listdir(self._dir)
+        bases = []
+        for name in names:
+            if name.endswith((PART_SUFFIX, CLEANED_SUFFIX, DELETED_SUFFIX)):
+                os.unlink(self._dir / name)
+                continue
+            base = parse_base(name)
+            if base is not None:
+                bases.append(base)
+        bases.sort()
+        known = {f"{b:020d}" for b in bases}
+        for name in names:
+            if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and name.split(".")[0] not in known:
+                os.unlink(self._dir / name)
+        interval = self._config.index_interval_bytes
+        if not bases:
+            bases = [max(checkpoint, 1)]
+            self._sync_dir = True
+        active: Segment | None = None
+        for i, base in enumerate(bases):
+            seg = Segment(self._dir, base)
+            path = seg.path()
+            seg.size = os.stat(path).st_size if os.path.exists(path) else 0
+            last = i == len(bases) - 1
+            upper = None if last else bases[i + 1]
+            if not last and self._load_closed(seg, upper):
+                seg.end = upper
+                self._append_segment(seg)
+                continue
+            scan = scan_log(seg.reader(), seg.size, base, interval, upper=upper, dense=last) \
+                if seg.size else scan_log(-1, 0, base, interval)
+            torn = scan.valid_size < seg.size
+            if torn:
+                self.truncated_bytes += seg.size - scan.valid_size
+                os.truncate(path, scan.valid_size)
+            seg.adopt_scan(scan)
+            self._append_segment(seg)
+            if last or torn:
+                for later in bases[i + 1 :]:
+                    self._unlink_segment_files(Segment(self._dir, later))
+                seg.end = scan.next_sequence
+                active = seg
+                first_ts = scan.first_timestamp
+                if seg.size:
+                    seg.first_append_ms = first_ts if 0 <= first_ts <= now_ms else now_ms
+                break
+            # A closed segment without a usable index: write it now (start-up may block).
+            seg.end = upper
+            seg.builder.seal()
+            for fd, part, final in write_index_parts(self._dir, base, seg.builder, PART_SUFFIX):
+                os.fsync(fd)
+                os.close(fd)
+                os.replace(part, final)
+            seg.map_indexes()
+        assert active is not None
+        active.open_for_append(interval)
+        os.fdatasync(active.write_fd)
+        fsutil.fsync_dir(self._dir)
+        self._sync_dir = False
+        self._next = active.end
+        self._durable = self._next
+        self._log_start = min(max(checkpoint, self._segments[0].base), self._next)
+
+    def _load_closed(self, seg: Segment, upper: int) -> bool:
+        """Map a closed segment's index files if they agree with its .log (cheap checks)."""
+        try:
+            seg.map_indexes()
+        except (OSError, ValueError):
+            self._drop_index_files(seg)
+            return False
+        offsets, times = seg.offsets, seg.times
+        ok = False
+        if seg.size == 0:
+            ok = offsets.count == 0 and times.count == 0
+        elif offsets.count and times.count:
+            first, last = offsets.first(), offsets.last()
+            if first[1] == 0 and last[1] < seg.size:
+                walk = seg.tail_walk(last[1])
+                ok = walk is not None and walk[0] == seg.base + last[0] and walk[1] < upper
+                if ok:
+                    seg.max_timestamp, seg.max_timestamp_rel = times.last()
+        if not ok:
+            self._drop_index_files(seg)
+        return ok
+
+    def _drop_index_files(self, seg: Segment) -> None:
+        seg.unmap_indexes()
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            try:
+                os.unlink(seg.path(suffix))
+            except FileNotFoundError:
+                pass
+
+    def _append_segment(self, seg: Segment) -> None:
+        self._segments.append(seg)
+        self._bases.append(seg.base)
+
+    # --- append ---------------------------------------------------------------------
+
+    def append(self, batch: bytes | bytearray | memoryview, now_ms: int) -> tuple[int, int]:
+        """Store one whole batch; return its (first, last) Sequence. No fsync.
+
+        Raises records.InvalidBatch (nothing stored) unless ``batch`` is exactly one
+        valid RecordBatch v2.
+        """
+        header = records.validate_batch(batch)
+        if header.size != len(batch):
+            raise records.InvalidBatch("expected exactly one batch")
+        buf = bytearray(batch)
+        first = self._next
+        records.set_base_offset(buf, first - 1)
+        active = self._active
+        cfg = self._config
+        if active.size and (
+            active.size + len(buf) > cfg.segment_bytes
+            or (active.first_append_ms is not None and now_ms - active.first_append_ms > cfg.segment_ms)
+        ):
+            self._roll()
+            active = self._active
+        pos = active.size
+        try:
+            write_all(active.write_fd, buf)
+        except BaseException:
+            os.ftruncate(active.write_fd, pos)
+            raise
+        active.size = pos + len(buf)
+        if active.first_append_ms is None:
+            active.first_append_ms = now_ms
+        builder = active.builder
+        builder.add(first - active.base, pos, header.max_timestamp)
+        active.max_timestamp = builder.max_timestamp
+        active.max_timestamp_rel = builder.max_timestamp_rel
+        last = first + header.last_offset_delta
+        self._next = active.end = last + 1
+        self._dirty_fds[active.write_fd] = None
+        return first, last
+
+    def append_many(self, batches: list, now_ms: int) -> list[tuple[int, int]]:
+        """``append`` each batch in order; a bad batch raises after the earlier ones are stored."""
+        return [self.append(b, now_ms) for b in batches]
+
+    def roll(self) -> None:
+        """Close the active segment now (if it holds data) and start a new one."""
+        if self._active.size:
+            self._roll()
+
+    def _roll(self) -> None:
+        old = self._active
+        old.builder.seal()
+        files = write_index_parts(self._dir, old.base, old.builder, PART_SUFFIX)
+        self._index_jobs.append((old, files))
+        self._retired_fds.add(old.write_fd)
+        old.write_fd = None
+        old.first_append_ms = None
+        new = Segment(self._dir, self._next)
+        new.end = self._next
+        new.open_for_append(self._config.index_interval_bytes)
+        self._append_segment(new)
+        self._sync_dir = True
+
+    # --- group commit ----------------------------------------------------------------
+
+    def prepare_flush(self) -> FlushToken | None:
+        """Capture what the next fsync must cover; None when nothing is unsynced.
+
+        Tokens must be ``complete_flush``-ed after their ``run`` returned; they may
+        overlap, and durable_sequence advances in preparation order.
+        """
+        if not self._dirty_fds and not self._index_jobs and not self._sync_dir:
+            return None
+        self._serial += 1
+        fds = list(self._dirty_fds)
+        for fd in fds:
+            self._fd_refs[fd] = self._fd_refs.get(fd, 0) + 1
+        token = FlushToken(self._serial, self._next, fds, self._index_jobs, self._sync_dir, self._dir)
+        self._dirty_fds = {}
+        self._index_jobs = []
+        self._sync_dir = False
+        self._tokens.append(token)
+        return token
+
+    def complete_flush(self, token: FlushToken) -> None:
+        """After ``token.run()`` returned: advance durable_sequence, map rolled indexes, close fds."""
+        token.done = True
+        for fd in token.fds:
+            refs = self._fd_refs[fd] - 1
+            if refs:
+                self._fd_refs[fd] = refs
+            else:
+                del self._fd_refs[fd]
+                self._maybe_close(fd)
+        while self._tokens and self._tokens[0].done:
+            done = self._tokens.popleft()
+            self._durable = max(self._durable, done.covers)
+            for seg, files in done.index_jobs:
+                for fd, _part, _final in files:
+                    os.close(fd)
+                if self._is_live(seg) and seg.builder is not None and seg.write_fd is None:
+                    seg.map_indexes()
+                elif not self._is_live(seg):
+                    self._drop_index_files(seg)
+
+    def _maybe_close(self, fd: int) -> None:
+        if fd in self._retired_fds and fd not in self._dirty_fds and fd not in self._fd_refs:
+            self._retired_fds.discard(fd)
+            os.close(fd)
+
+    def _is_live(self, seg: Segment) -> bool:
+        i = bisect.bisect_left(self._bases, seg.base)
+        return i < len(self._segments) and self._segments[i] is seg
+
+    # --- read --------------------------------------------------------------------------
+
+    def read(self, sequence: int, max_bytes: int, *, upto: int | None = None,
+             min_one: bool = True) -> ReadResult:
+        """Stored batches from the one holding ``sequence``, within ``max_bytes``.
+
+        Stops before the first batch whose last Sequence >= ``upto`` (default: the
+        high watermark). With ``min_one`` the first batch is returned whole even when
+        larger than ``max_bytes``. Raises OffsetOutOfRange outside
+        [log_start, next_sequence].
+        """
+        if sequence < self._log_start or sequence > self._next:
+            raise OffsetOutOfRange(sequence, self._log_start, self._next)
+        hw = self._durable
+        if upto is None:
+            upto = hw
+        out: list[memoryview] = []
+        nbytes = 0
+        if sequence >= upto:
+            return ReadResult(out, 0, self._log_start, hw)
+        i = bisect.bisect_right(self._bases, sequence) - 1
+        slack = self._config.index_interval_bytes
+        unpack = BATCH_SPAN.unpack_from
+        segments = self._segments
+        while i < len(segments):
+            seg = segments[i]
+            i += 1
+            limit = seg.size
+            pos = seg.lookup(sequence)
+            if pos >= limit:
+                continue
+            want = min(limit - pos, max(max_bytes - nbytes + slack, _READ_FLOOR))
+            view = memoryview(seg.pread(want, pos))
+            off = 0
+            slack = 0
+            while True:
+                if len(view) - off < records.HEADER_SIZE:
+                    if pos + off >= limit:
+                        break  # next segment
+                    pos += off
+                    want = min(limit - pos, max(max_bytes - nbytes, _READ_FLOOR))
+                    view = memoryview(seg.pread(want, pos))
+                    off = 0
+                    continue
+                base_offset, length, delta = unpack(view, off)
+                size = length + records.LOG_OVERHEAD
+                if size < records.HEADER_SIZE or (off == 0 and size > len(view) and pos + size > limit):
+                    raise CorruptStore(f"{seg.path().name}: bad batch header at {pos + off}")
+                last = base_offset + 1 + delta
+                if last < sequence:
+                    off += size
+                    continue
+                if last >= upto:
+                    return ReadResult(out, nbytes, self._log_start, hw)
+                if nbytes + size > max_bytes and (out or not min_one):
+                    return ReadResult(out, nbytes, self._log_start, hw)
+                if off + size > len(view):
+                    pos += off
+                    want = min(limit - pos, max(max_bytes - nbytes, size))
+                    view = memoryview(seg.pread(want, pos))
+                    off = 0
+                    continue
+                out.append(view[off : off + size])
+                nbytes += size
+                off += size
+                if nbytes >= max_bytes:
+                    return ReadResult(out, nbytes, self._log_start, hw)
+        return ReadResult(out, nbytes, self._log_start, hw)
+
+    # --- timestamps ------------------------------------------------------------------
+
+    def sequence_for_timestamp(self, ts_ms: int) -> int | None:
+        """First Sequence (>= log_start) of a record with timestamp >= ``ts_ms``, else None."""
+        start = self._log_start
+        for seg in self._segments:
+            if not seg.size or seg.max_timestamp < ts_ms or seg.end <= start:
+                continue
+            fd = seg.reader()
+            for _pos, batch in iter_file_batches(fd, seg.size, seg.time_floor_position(ts_ms)):
+                header = records.read_header(batch)
+                if header.base_offset + 1 + header.last_offset_delta < start:
+                    continue
+                if header.max_timestamp < ts_ms:
+                    continue
+                for rec in records.iter_records(batch):
+                    if rec.offset + 1 >= start and rec.timestamp >= ts_ms:
+                        return rec.offset + 1
+        return None
+
+    def max_timestamp(self) -> tuple[int, int] | None:
+        """(timestamp, Sequence) of the record with the largest timestamp (first on ties)."""
+        best: Segment | None = None
+        for seg in self._segments:
+            if seg.size and seg.max_timestamp >= 0 and seg.end > self._log_start and (
+                best is None or seg.max_timestamp > best.max_timestamp
+            ):
+                best = seg
+        if best is None:
+            return None
+        target = best.base + best.max_timestamp_rel
+        for _pos, batch in iter_file_batches(best.reader(), best.size, best.lookup(target)):
+            header = records.read_header(batch)
+            if header.base_offset + 1 < target:
+                continue
+            top: tuple[int, int] | None = None
+            for rec in records.iter_records(batch):
+                if top is None or rec.timestamp > top[0]:
+                    top = (rec.timestamp, rec.offset + 1)
+            return top
+        return None
+
+    # --- retention and prefix truncation ---------------------------------------
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Drop whole closed segments by age, total bytes and message count (config.delete).
+
+        Advances log_start to the first remaining segment's base; never renumbers.
+        Returns how many segments were dropped.
+        """
+        cfg = self._config
+        if not cfg.delete:
+            return 0
+        dropped = 0
+        total = self.size_bytes
+        while len(self._segments) > 1:
+            seg = self._segments[0]
+            expired = cfg.retention_ms is not None and now_ms - seg.max_timestamp > cfg.retention_ms
+            too_big = cfg.retention_bytes is not None and total > cfg.retention_bytes
+            too_many = (
+                cfg.retention_messages is not None
+                and self._next - self._log_start > cfg.retention_messages
+            )
+            if not (expired or too_big or too_many):
+                break
+            total -= seg.size
+            self._drop_first_segment()
+            self._log_start = max(self._log_start, self._segments[0].base)
+            dropped += 1
+        if dropped:
+            self._write_log_start()
+        return dropped
+
+    def truncate_prefix(self, sequence: int) -> int:
+        """DeleteRecords: make ``sequence`` the first readable Sequence; return log_start.
+
+        Raises OffsetOutOfRange when ``sequence`` > next_sequence. Whole closed
+        segments below it are deleted; a lower ``sequence`` changes nothing.
+        """
+        if sequence > self._next:
+            raise OffsetOutOfRange(sequence, self._log_start, self._next)
+        if sequence > self._log_start:
+            self._log_start = sequence
+            self._write_log_start()
+            while len(self._segments) > 1 and self._segments[0].end <= sequence:
+                self._drop_first_segment()
+        return self._log_start
+
+    def _write_log_start(self) -> None:
+        fsutil.write_atomic(self._dir / LOG_START_FILE, f"{self._log_start}\n".encode())
+
+    def _drop_first_segment(self) -> None:
+        seg = self._segments.pop(0)
+        self._bases.pop(0)
+        self._unlink_segment_files(seg)
+        self._sync_dir = True
+
+    def _unlink_segment_files(self, seg: Segment) -> None:
+        seg.close_reader()
+        seg.unmap_indexes()
+        path = seg.path()
+        if os.path.exists(path):
+            doomed = path.with_name(path.name + DELETED_SUFFIX)
+            os.replace(path, doomed)
+            os.unlink(doomed)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            try:
+                os.unlink(seg.path(suffix))
+            except FileNotFoundError:
+                pass
+
+    # --- compaction -----------------------------------------------------------------
+
+    def compaction_plan(self, now_ms: int) -> CompactionPlan | None:
+        """Snapshot closed, indexed segments to clean (None if not compacting or nothing to do).
+
+        The plan holds its own fds, so later retention or closes cannot disturb it.
+        The key map covers every segment up to durable_sequence.
+        """
+        if not self._config.compact:
+            return None
+        candidates = [s for s in self._segments[:-1] if s.builder is None and s.offsets is not None]
+        if not candidates:
+            return None
+        sources = []
+        for seg in self._segments:
+            if not seg.size:
+                continue
+            sources.append(SegmentSource(seg.base, seg.generation, seg.size,
+                                         os.open(seg.path(), os.O_RDONLY), seg in candidates))
+        return CompactionPlan(
+            directory=self._dir,
+            sources=sources,
+            bound=self._durable,
+            now_ms=now_ms,
+            delete_retention_ms=self._config.delete_retention_ms,
+            interval=self._config.index_interval_bytes,
+        )
+
+    def install_compaction(self, result: CompactionResult) -> int:
+        """Swap cleaned segments in by rename if they are unchanged since the plan.
+
+        Returns how many segments were replaced; stale results are discarded. The
+        directory fsync rides on the next flush (either version of a file is valid).
+        """
+        installed = 0
+        for cleaned in result.segments:
+            i = bisect.bisect_left(self._bases, cleaned.base)
+            seg = self._segments[i] if i < len(self._segments) else None
+            if (
+                seg is None
+                or seg.base != cleaned.base
+                or seg is self._active
+                or seg.generation != cleaned.generation
+                or seg.builder is not None
+            ):
+                cleaned.discard()
+                continue
+            seg.close_reader()
+            self._drop_index_files(seg)
+            os.replace(cleaned.log_path, seg.path())
+            os.replace(cleaned.index_path, seg.path(INDEX_SUFFIX))
+            os.replace(cleaned.time_index_path, seg.path(TIME_INDEX_SUFFIX))
+            seg.size = cleaned.size
+            seg.max_timestamp = cleaned.max_timestamp
+            seg.max_timestamp_rel = cleaned.max_timestamp_rel
+            seg.generation += 1
+            seg.map_indexes()
+            installed += 1
+        if installed:
+            self._sync_dir = True
+        return installed
+
+    # --- shutdown -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush synchronously and release every fd and mapping (shut-down; blocking).
+
+        Call only when no prepared token is still running on another thread.
+        """
+        token = self.prepare_flush()
+        if token is not None:
+            token.run()
+            self.complete_flush(token)
+        for token in list(self._tokens):
+            for _seg, files in token.index_jobs:
+                for fd, _part, _final in files:
+                    os.close(fd)
+        self._tokens.clear()
+        for seg in self._segments:
+            seg.close_reader()
+            seg.unmap_indexes()
+            if seg.write_fd is not None:
+                os.close(seg.write_fd)
+                seg.write_fd = None
+        for fd in set(self._retired_fds) | set(self._fd_refs):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._retired_fds.clear()
+        self._fd_refs.clear()
+        self._dirty_fds.clear()
+
+    def delete(self) -> None:
+        """Close and remove the channel's whole directory (config.json included)."""
+        self.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,351 @@
+"""The deterministic state machine that applies store commands to the disk.
+
+``StateMachine.apply(index, command)`` is the only way the store changes. It
+is called on the reactor thread, in log order, once per committed command
+(by the local proposer today, by Raft later). It writes to the page cache
+but never fsyncs data files itself: the proposer collects ``prepare_flush``
+tokens after a group of applies and fsyncs them together on the I/O thread.
+Catalog changes (create/delete channel, config) are rare and made durable
+inside apply with atomic file writes.
+
+On-disk layout under ``data_dir``::
+
+    channels/{dir_name(channel)}/kind        "events" or "queue"
+    channels/{dir_name(channel)}/config.json LogConfig
+    channels/{dir_name(channel)}/...         the ChannelLog / QueueChannel files
+    coordinator/                             KeyedLog families (_kafka.{family}.{gen})
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from twisted.logger import Logger
+
+from kmqkafka.store import commands as c
+from kmqkafka.store.config import LogConfig
+from kmqkafka.store.errors import ChannelExists, ChannelNotFound, StoreError
+from kmqkafka.store.fsutil import fsync_dir, write_atomic
+from kmqkafka.store.keyed import RESERVED_FAMILIES, KeyedLog
+from kmqkafka.store.log import ChannelLog
+from kmqkafka.store.names import check_channel_name, dir_name, from_dir_name
+from kmqkafka.store.queue import QueueChannel
+
+log = Logger()
+
+KIND_EVENTS = "events"
+KIND_QUEUE = "queue"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Sequences given to an appended batch (offset = Sequence - 1)."""
+
+    first_sequence: int
+    last_sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailure:
+    """Result of a ``Batch`` command whose command at ``index`` failed."""
+
+    index: int
+    error: StoreError
+    results: tuple
+
+
+class StateMachine:
+    """Owns every open channel and coordinator log; reactor thread only."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        default_config: LogConfig | None = None,
+        on_advance: Callable[[str], None] | None = None,
+        dead_letter: Callable[[str, Any], None] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.default_config = default_config or LogConfig()
+        self.channels: dict[str, ChannelLog] = {}
+        self.queues: dict[str, QueueChannel] = {}
+        self.keyed: dict[str, KeyedLog] = {}
+        self.last_applied = 0
+        self._dirty: set[str] = set()
+        self._dirty_keyed: set[str] = set()
+        self._on_advance = on_advance or (lambda name: None)
+        self._dead_letter = dead_letter
+        self._pending_compactions: list[tuple[str, Any]] = []
+
+    # --- start-up -------------------------------------------------------------------
+
+    @property
+    def channels_dir(self) -> Path:
+        return self.data_dir / "channels"
+
+    @property
+    def coordinator_dir(self) -> Path:
+        return self.data_dir / "coordinator"
+
+    def recover(self, now_ms: int) -> None:
+        """Open (and crash-recover) every channel and coordinator family on disk."""
+        self.channels_dir.mkdir(parents=True, exist_ok=True)
+        self.coordinator_dir.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(os.listdir(self.channels_dir)):
+            path = self.channels_dir / entry
+            if ".deleted" in entry or entry.endswith(".part"):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            kind_file = path / "kind"
+            if not kind_file.exists():
+                # A create that crashed before its catalog entry was durable.
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            name = from_dir_name(entry)
+            self._open_channel(name, kind_file.read_text().strip(), now_ms)
+        for family in RESERVED_FAMILIES:
+            self.keyed[family] = KeyedLog.open(self.coordinator_dir, family, now_ms)
+
+    def _open_channel(self, name: str, kind: str, now_ms: int) -> None:
+        path = self.channels_dir / dir_name(name)
+        config_path = path / "config.json"
+        config = (
+            LogConfig.from_json(config_path.read_bytes())
+            if config_path.exists()
+            else self.default_config
+        )
+        if kind == KIND_QUEUE:
+            self.queues[name] = QueueChannel.open(
+                path, now_ms, dead_letter=self._dead_letter_hook(name)
+            )
+        else:
+            self.channels[name] = ChannelLog.open(path, config, now_ms)
+
+    def _dead_letter_hook(self, name: str) -> Callable[[Any], None] | None:
+        if self._dead_letter is None:
+            return None
+        hook = self._dead_letter
+        return lambda message: hook(name, message)
+
+    def close(self) -> None:
+        for ch in self.channels.values():
+            ch.close()
+        for q in self.queues.values():
+            q.close()
+        for k in self.keyed.values():
+            k.close()
+        self.channels.clear()
+        self.queues.clear()
+        self.keyed.clear()
+
+    # --- lookups ----------------------------------------------------------------------
+
+    def channel(self, name: str) -> ChannelLog:
+        try:
+            return self.channels[name]
+        except KeyError:
+            raise ChannelNotFound(f"channel {name!r} does not exist") from None
+
+    def queue(self, name: str) -> QueueChannel:
+        try:
+            return self.queues[name]
+        except KeyError:
+            raise ChannelNotFound(f"queue {name!r} does not exist") from None
+
+    def exists(self, name: str) -> bool:
+        return name in self.channels or name in self.queues
+
+    # --- apply ------------------------------------------------------------------------
+
+    def apply(self, index: int, command: c.Command) -> Any:
+        """Apply one committed command; returns its result or raises a StoreError.
+
+        ``index`` is the command's position in the replicated log; it only
+        ever grows. A StoreError leaves the store unchanged for that command.
+        """
+        if index <= self.last_applied:
+            raise ValueError(f"command index {index} already applied")
+        self.last_applied = index
+        return self._apply(command)
+
+    def _apply(self, command: c.Command) -> Any:
+        handler = getattr(self, f"_apply_{type(command).__name__}")
+        return handler(command)
+
+    def _apply_Batch(self, cmd: c.Batch) -> Any:
+        results = []
+        for i, inner in enumerate(cmd.commands):
+            try:
+                results.append(self._apply(inner))
+            except StoreError as exc:
+                return BatchFailure(i, exc, tuple(results))
+        return tuple(results)
+
+    def _apply_CreateChannel(self, cmd: c.CreateChannel) -> bool:
+        check_channel_name(cmd.name)
+        if self.exists(cmd.name):
+            if cmd.exist_ok:
+                return False
+            raise ChannelExists(f"channel {cmd.name!r} already exists")
+        config = self.default_config.with_changes(**cmd.config)
+        final = self.channels_dir / dir_name(cmd.name)
+        if final.exists():
+            shutil.rmtree(final)
+        final.mkdir(parents=True)
+        write_atomic(final / "config.json", config.to_json())
+        # The kind file is written last: its presence is what makes the channel exist.
+        write_atomic(final / "kind", cmd.kind.encode())
+        fsync_dir(self.channels_dir)
+        self._open_channel(cmd.name, cmd.kind, 0)
+        return True
+
+    def _apply_DeleteChannel(self, cmd: c.DeleteChannel) -> bool:
+        if not self.exists(cmd.name):
+            if cmd.missing_ok:
+                return False
+            raise ChannelNotFound(f"channel {cmd.name!r} does not exist")
+        target = self.channels.pop(cmd.name, None) or self.queues.pop(cmd.name)
+        target.close()
+        path = self.channels_dir / dir_name(cmd.name)
+        doomed = path.with_name(f"{path.name}.deleted-{self.last_applied}")
+        os.replace(path, doomed)
+        fsync_dir(self.channels_dir)
+        shutil.rmtree(doomed, ignore_errors=True)
+        self._dirty.discard(cmd.name)
+        self._on_advance(cmd.name)
+        return True
+
+    def _apply_SetChannelConfig(self, cmd: c.SetChannelConfig) -> LogConfig:
+        ch = self.channel(cmd.name)
+        config = ch.config.with_changes(**cmd.changes)
+        write_atomic(self.channels_dir / dir_name(cmd.name) / "config.json", config.to_json())
+        ch.set_config(config)
+        return config
+
+    def _apply_Append(self, cmd: c.Append) -> AppendResult:
+        ch = self.channel(cmd.name)
+        first, last = ch.append(cmd.batch, cmd.now_ms)
+        self._dirty.add(cmd.name)
+        return AppendResult(first, last)
+
+    def _apply_TruncatePrefix(self, cmd: c.TruncatePrefix) -> int:
+        start = self.channel(cmd.name).truncate_prefix(cmd.sequence)
+        self._on_advance(cmd.name)
+        return start
+
+    def _apply_EnforceRetention(self, cmd: c.EnforceRetention) -> int:
+        dropped = 0
+        for name, ch in self.channels.items():
+            n = ch.enforce_retention(cmd.now_ms)
+            if n:
+                dropped += n
+                log.info("retention dropped {n} segment(s) of {channel}", n=n, channel=name)
+        return dropped
+
+    def _apply_Compact(self, cmd: c.Compact) -> bool:
+        plan = self.channel(cmd.name).compaction_plan(cmd.now_ms)
+        if plan is None:
+            return False
+        self._pending_compactions.append((cmd.name, plan))
+        return True
+
+    def take_compactions(self) -> list[tuple[str, Any]]:
+        """Compaction plans started by applied ``Compact`` commands, for the I/O thread."""
+        plans, self._pending_compactions = self._pending_compactions, []
+        return plans
+
+    def install_compaction(self, name: str, result: Any) -> None:
+        ch = self.channels.get(name)
+        if ch is not None:
+            ch.install_compaction(result)
+
+    def _apply_QueueSend(self, cmd: c.QueueSend) -> list[int]:
+        from kmqkafka.records import iter_records, NewRecord
+
+        queue = self.queue(cmd.name)
+        recs = [
+            NewRecord(value=r.value, key=r.key, headers=r.headers, timestamp=r.timestamp)
+            for r in iter_records(cmd.batch)
+        ]
+        seqs = queue.send(recs, cmd.now_ms)
+        self._dirty.add(cmd.name)
+        return seqs
+
+    def _apply_QueueReceive(self, cmd: c.QueueReceive) -> list:
+        out = self.queue(cmd.name).receive(cmd.max_messages, cmd.visibility_ms, cmd.now_ms)
+        self._dirty.add(cmd.name)
+        return out
+
+    def _apply_QueueAck(self, cmd: c.QueueAck) -> list[int]:
+        out = self.queue(cmd.name).ack(cmd.sequences)
+        self._dirty.add(cmd.name)
+        return out
+
+    def _apply_QueueNack(self, cmd: c.QueueNack) -> None:
+        self.queue(cmd.name).nack(cmd.sequences, cmd.now_ms)
+        self._dirty.add(cmd.name)
+
+    def _apply_QueueModifyDeadline(self, cmd: c.QueueModifyDeadline) -> None:
+        self.queue(cmd.name).modify_deadline(cmd.sequences, cmd.visibility_ms, cmd.now_ms)
+        self._dirty.add(cmd.name)
+
+    def _apply_QueueExpire(self, cmd: c.QueueExpire) -> int | None:
+        out = self.queue(cmd.name).expire(cmd.now_ms)
+        self._dirty.add(cmd.name)
+        return out
+
+    def _apply_KeyedPut(self, cmd: c.KeyedPut) -> int:
+        keyed = self.keyed[cmd.family]
+        keyed.put_many([(k, v) for k, v in cmd.pairs], cmd.now_ms)
+        self._dirty_keyed.add(cmd.family)
+        return len(cmd.pairs)
+
+    # --- group commit -----------------------------------------------------------------
+
+    def has_unflushed(self) -> bool:
+        return bool(self._dirty or self._dirty_keyed)
+
+    def prepare_flush(self) -> list[tuple[str, Any, Any]]:
+        """Flush tokens for everything written since the last flush.
+
+        Each is ``(channel name or None for a coordinator family, owner, token)``;
+        the owner object is kept so a token never completes on a channel that was
+        deleted and re-created meanwhile.
+        """
+        tokens = []
+        for name in self._dirty:
+            target = self.channels.get(name) or self.queues.get(name)
+            if target is None:
+                continue
+            token = target.prepare_flush()
+            if token is not None:
+                tokens.append((name, target, token))
+        for family in self._dirty_keyed:
+            keyed = self.keyed[family]
+            token = keyed.prepare_flush()
+            if token is not None:
+                tokens.append((None, keyed, token))
+        self._dirty.clear()
+        self._dirty_keyed.clear()
+        return tokens
+
+    @staticmethod
+    def run_flush(tokens: Iterable[tuple[str, Any, Any]]) -> None:
+        """fsync every token; safe on the I/O thread."""
+        for _name, _owner, token in tokens:
+            token.run()
+
+    def complete_flush(self, tokens: Iterable[tuple[str, Any, Any]]) -> None:
+        """Back on the reactor: advance durable ends and wake readers of those channels."""
+        for name, owner, token in tokens:
+            if name is None:
+                owner.complete_flush(token)
+                continue
+            if (self.channels.get(name) or self.queues.get(name)) is not owner:
+                continue
+            owner.complete_flush(token)
+            self._on_advance(name)

@@ -1,0 +1,128 @@
+"""The local proposer: orders commands, applies them, and acknowledges after group commit.
+
+This is the single-node stand-in for Raft behind the same ``propose`` call.
+Each command is applied at once (so Sequences are assigned in proposal
+order); its Deferred fires only after the data it wrote is fsynced. Every
+command proposed while an fsync is running, or in the same reactor turn,
+shares the next fsync: one disk flush acknowledges many appends.
+
+Reactor-thread only, except ``StateMachine.run_flush`` which runs on the
+injected I/O runner (a one-thread pool in production, inline in unit tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kmqkafka.store.commands import Command
+from kmqkafka.store.errors import StoreError, StoreStopped
+from kmqkafka.store.machine import BatchFailure, StateMachine
+
+log = Logger()
+
+IORunner = Callable[..., Deferred]
+
+
+class LocalProposer:
+    """Apply-then-group-commit proposer for a one-member cluster."""
+
+    def __init__(self, machine: StateMachine, clock: IReactorTime, run_io: IORunner) -> None:
+        """``run_io(f, *args)`` runs ``f`` off the reactor and returns a Deferred of its result."""
+        self._machine = machine
+        self._clock = clock
+        self._run_io = run_io
+        self._waiting: list[tuple[Deferred, Any]] = []
+        self._flushing = False
+        self._scheduled = False
+        self._stopped = False
+        self._idle: list[Deferred] = []
+        self.flush_count = 0
+
+    def propose(self, command: Command, *, durable: bool = True) -> Deferred:
+        """Apply ``command`` and fire with its result once durable (or at once if not)."""
+        if self._stopped:
+            return fail(StoreStopped("the store is stopping"))
+        try:
+            result = self._machine.apply(self._machine.last_applied + 1, command)
+        except StoreError:
+            return fail(Failure())
+        if isinstance(result, BatchFailure):
+            # Whatever the batch applied before failing still goes through the flush.
+            self._schedule()
+            return fail(result.error)
+        if not durable:
+            self._schedule()
+            return succeed(result)
+        d: Deferred = Deferred()
+        self._waiting.append((d, result))
+        self._schedule()
+        return d
+
+    def _schedule(self) -> None:
+        if self._flushing or self._scheduled:
+            return
+        self._scheduled = True
+        self._clock.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        tokens = self._machine.prepare_flush()
+        waiting, self._waiting = self._waiting, []
+        if not tokens:
+            self._release(waiting)
+            self._notify_idle()
+            return
+        self._flushing = True
+        d = self._run_io(StateMachine.run_flush, tokens)
+        d.addCallbacks(self._flushed, self._flush_failed, callbackArgs=(tokens, waiting),
+                       errbackArgs=(waiting,))
+
+    def _flushed(self, _: object, tokens: list, waiting: list) -> None:
+        self.flush_count += 1
+        self._flushing = False
+        self._machine.complete_flush(tokens)
+        self._release(waiting)
+        if self._waiting or self._machine.has_unflushed():
+            self._schedule()
+        elif not self._scheduled:
+            self._notify_idle()
+
+    def _flush_failed(self, failure: Failure, waiting: list) -> None:
+        # An fsync error leaves the page cache state unknown; Kafka's answer is to stop.
+        log.failure("fsync failed; refusing further writes", failure)
+        self._flushing = False
+        self._stopped = True
+        for d, _result in waiting + self._waiting:
+            d.errback(StoreError(f"fsync failed: {failure.getErrorMessage()}"))
+        self._waiting = []
+        self._notify_idle()
+
+    @staticmethod
+    def _release(waiting: list[tuple[Deferred, Any]]) -> None:
+        for d, result in waiting:
+            d.callback(result)
+
+    def _notify_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for d in idle:
+            d.callback(None)
+
+    def drain(self) -> Deferred:
+        """Fire once everything applied so far is durable (used at shutdown)."""
+        d: Deferred = Deferred()
+        self._idle.append(d)
+        if not self._flushing and not self._scheduled:
+            self._scheduled = True
+            self._clock.callLater(0, self._flush)
+        return d
+
+    def stop(self) -> Deferred:
+        """Refuse new proposals and wait for in-flight ones to become durable."""
+        d = self.drain()
+        self._stopped = True
+        return d

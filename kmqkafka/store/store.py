@@ -1,0 +1,433 @@
+"""ChannelStore: the one API every surface (Kafka, native, Pub/Sub) uses to reach the disk.
+
+Mutations become commands handed to the proposer (local group commit today,
+Raft later) and return Deferreds that fire once the change is durable. Reads
+are synchronous page-cache reads of whole stored batches, bounded by the
+durable end (the high watermark). Parked readers wait in ``Waiters``.
+
+Channel names that start with ``_kafka.`` are reserved: every method refuses
+them unless the caller passes ``internal=True`` (only coordinators do).
+
+Reactor-thread only. Start order: ``start()`` recovers every channel before
+anything else may call in; ``stop()`` refuses new work, drains the group
+commit (final fsync) and closes files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from twisted.internet import threads
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
+
+from kmqkafka.records import NewRecord, build_batch
+from kmqkafka.store import commands as c
+from kmqkafka.store.config import LogConfig
+from kmqkafka.store.machine import AppendResult, StateMachine
+from kmqkafka.store.names import check_channel_name, check_client_channel, partition_of
+from kmqkafka.store.proposer import LocalProposer
+from kmqkafka.store.waiters import Waiters
+
+log = Logger()
+
+__all__ = ["AppendResult", "ChannelBounds", "ChannelStore"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelBounds:
+    """Where a channel's data starts and ends (Sequences; offset = Sequence - 1).
+
+    ``high_watermark`` is the next durable Sequence: readers see everything
+    below it. ``next_sequence`` also counts appends still waiting for fsync.
+    """
+
+    log_start: int
+    high_watermark: int
+    next_sequence: int
+
+
+def _inline(f: Callable[..., Any], *args: Any) -> Deferred:
+    return maybeDeferred(f, *args)
+
+
+class ChannelStore:
+    """The durable channel store of one node."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        reactor: Any,
+        *,
+        default_config: LogConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        threaded_io: bool = True,
+        retention_interval_s: float = 60.0,
+        compaction_interval_s: float = 60.0,
+        queue_expiry_interval_s: float = 0.5,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self._reactor = reactor
+        self._threaded = threaded_io
+        self._io_pool: ThreadPool | None = None
+        self._cleaner_pool: ThreadPool | None = None
+        self.machine = StateMachine(
+            self.data_dir, default_config=default_config, on_advance=self._advanced
+        )
+        self.waiters = Waiters(reactor, self._durable_end)
+        self._proposer = LocalProposer(self.machine, reactor, self._run_io)
+        self._loops: list[LoopingCall] = []
+        self._intervals = (retention_interval_s, compaction_interval_s, queue_expiry_interval_s)
+        self._advance_listeners: list[Callable[[str], None]] = []
+        self._compacting: set[str] = set()
+        self.started = False
+        if registry is not None:
+            registry.register(_StoreCollector(self))
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    def now_ms(self) -> int:
+        return int(self._reactor.seconds() * 1000)
+
+    def start(self) -> Deferred:
+        """Recover every channel from disk, then start background retention/compaction."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.machine.recover(self.now_ms())
+        if self._threaded:
+            self._io_pool = ThreadPool(1, 1, "kmqkafka-io")
+            self._cleaner_pool = ThreadPool(1, 1, "kmqkafka-cleaner")
+            self._io_pool.start()
+            self._cleaner_pool.start()
+        retention, compaction, expiry = self._intervals
+        for interval, fn in (
+            (retention, self.enforce_retention),
+            (compaction, self.compact_all),
+            (expiry, self._expire_queues),
+        ):
+            loop = LoopingCall(fn)
+            loop.clock = self._reactor
+            loop.start(interval, now=False).addErrback(
+                lambda f: log.failure("background store task failed", f)
+            )
+            self._loops.append(loop)
+        self.started = True
+        log.info("store recovered {n} channel(s) from {dir}", n=len(self.list_channels(internal=True)),
+                 dir=str(self.data_dir))
+        return succeed(None)
+
+    def stop(self) -> Deferred:
+        """Refuse new work, fsync what is pending, close every file."""
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops = []
+        d = self._proposer.stop()
+
+        def close(_: object) -> None:
+            self.waiters.wake_all()
+            self.machine.close()
+            for pool in (self._io_pool, self._cleaner_pool):
+                if pool is not None:
+                    pool.stop()
+            self._io_pool = self._cleaner_pool = None
+            self.started = False
+
+        return d.addCallback(close)
+
+    def _run_io(self, f: Callable[..., Any], *args: Any) -> Deferred:
+        if self._io_pool is None:
+            return _inline(f, *args)
+        return threads.deferToThreadPool(self._reactor, self._io_pool, f, *args)
+
+    def _run_cleaner(self, f: Callable[..., Any], *args: Any) -> Deferred:
+        if self._cleaner_pool is None:
+            return _inline(f, *args)
+        return threads.deferToThreadPool(self._reactor, self._cleaner_pool, f, *args)
+
+    # --- notifications ----------------------------------------------------------------
+
+    def _durable_end(self, name: str) -> int:
+        ch = self.machine.channels.get(name)
+        return ch.durable_sequence if ch is not None else 0
+
+    def _advanced(self, name: str) -> None:
+        self.waiters.notify(name)
+        for listener in self._advance_listeners:
+            listener(name)
+
+    def on_advance(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(channel)`` whenever a channel's durable end or start moves."""
+        self._advance_listeners.append(listener)
+
+    # --- commands ---------------------------------------------------------------------
+
+    def propose(self, command: c.Command, *, durable: bool = True) -> Deferred:
+        """Submit any command (used by coordinators for composite changes)."""
+        return self._proposer.propose(command, durable=durable)
+
+    @staticmethod
+    def _check(name: str, internal: bool) -> None:
+        if internal:
+            check_channel_name(name)
+        else:
+            check_client_channel(name)
+
+    # --- catalog ----------------------------------------------------------------------
+
+    def create_channel(
+        self,
+        name: str,
+        *,
+        kind: str = "events",
+        config: dict | None = None,
+        exist_ok: bool = False,
+        internal: bool = False,
+    ) -> Deferred:
+        """Create a channel; fires True if created, False if it existed and exist_ok."""
+        try:
+            self._check(name, internal)
+        except Exception as exc:
+            return _failed(exc)
+        return self.propose(c.CreateChannel(name, kind, dict(config or {}), exist_ok))
+
+    def delete_channel(self, name: str, *, missing_ok: bool = False, internal: bool = False) -> Deferred:
+        try:
+            self._check(name, internal)
+        except Exception as exc:
+            return _failed(exc)
+        return self.propose(c.DeleteChannel(name, missing_ok))
+
+    def set_config(self, name: str, changes: dict, *, internal: bool = False) -> Deferred:
+        """Change LogConfig fields of an Events Store channel; fires with the new config."""
+        try:
+            self._check(name, internal)
+        except Exception as exc:
+            return _failed(exc)
+        return self.propose(c.SetChannelConfig(name, dict(changes)))
+
+    def list_channels(self, prefix: str = "", *, internal: bool = False) -> list[str]:
+        names = [*self.machine.channels, *self.machine.queues]
+        return sorted(
+            n for n in names if n.startswith(prefix) and (internal or not n.startswith("_kafka."))
+        )
+
+    def exists(self, name: str) -> bool:
+        return self.machine.exists(name)
+
+    def kind(self, name: str) -> str | None:
+        if name in self.machine.channels:
+            return "events"
+        if name in self.machine.queues:
+            return "queue"
+        return None
+
+    def config(self, name: str) -> LogConfig:
+        return self.machine.channel(name).config
+
+    # --- events store data ------------------------------------------------------------
+
+    def append_batch(
+        self, name: str, batch: bytes | bytearray | memoryview, *, durable: bool = True,
+        internal: bool = False,
+    ) -> Deferred:
+        """Append one raw RecordBatch v2 as sent by a client; fires with AppendResult.
+
+        The batch is stored byte for byte except its base offset. ``durable=False``
+        fires after the write reaches the page cache (Kafka acks=1); readers
+        still only see it after the group fsync.
+        """
+        if not internal and name.startswith("_kafka."):
+            return _failed(check_client_channel_error(name))
+        return self.propose(c.Append(name, self.now_ms(), bytes(batch)), durable=durable)
+
+    def append_records(
+        self, name: str, records: Sequence[NewRecord], *, internal: bool = False,
+    ) -> Deferred:
+        """Append native messages as one batch (one record each); fires with AppendResult."""
+        now = self.now_ms()
+        return self.append_batch(name, build_batch(records, now_ms=now), internal=internal)
+
+    def read(self, name: str, sequence: int, max_bytes: int, *, upto: int | None = None,
+             min_one: bool = True, internal: bool = False) -> Any:
+        """Whole stored batches from ``sequence`` (see ChannelLog.read); raises StoreError."""
+        if not internal:
+            check_client_channel(name)
+        return self.machine.channel(name).read(sequence, max_bytes, upto=upto, min_one=min_one)
+
+    def bounds(self, name: str) -> ChannelBounds:
+        ch = self.machine.channel(name)
+        return ChannelBounds(ch.log_start, ch.durable_sequence, ch.next_sequence)
+
+    def sequence_for_timestamp(self, name: str, timestamp_ms: int) -> int | None:
+        """First Sequence whose record timestamp is >= ``timestamp_ms`` (None: none)."""
+        return self.machine.channel(name).sequence_for_timestamp(timestamp_ms)
+
+    def max_timestamp(self, name: str) -> tuple[int, int] | None:
+        """(timestamp, Sequence) of the record with the largest timestamp, if any."""
+        return self.machine.channel(name).max_timestamp()
+
+    def wait_for(self, name: str, sequence: int, timeout_s: float) -> Deferred:
+        """Fire True once ``name`` has durable data at ``sequence`` or beyond, False on timeout."""
+        return self.waiters.wait(name, sequence, timeout_s)
+
+    def wait_any(self, watches: Iterable[tuple[str, int]], timeout_s: float) -> Deferred:
+        return self.waiters.wait_any(watches, timeout_s)
+
+    def truncate_prefix(self, name: str, sequence: int, *, internal: bool = False) -> Deferred:
+        """DeleteRecords: everything below ``sequence`` goes; fires with the new log start."""
+        try:
+            self._check(name, internal)
+        except Exception as exc:
+            return _failed(exc)
+        return self.propose(c.TruncatePrefix(name, sequence))
+
+    # --- background maintenance -------------------------------------------------------
+
+    def enforce_retention(self) -> Deferred:
+        return self.propose(c.EnforceRetention(self.now_ms()))
+
+    def compact_all(self) -> Deferred:
+        """Start one compaction pass of every compacted channel not already being cleaned."""
+        names = [n for n, ch in self.machine.channels.items()
+                 if ch.config.compact and n not in self._compacting]
+        ds = [self.compact(n) for n in names]
+        if not ds:
+            return succeed(0)
+        from twisted.internet.defer import gatherResults
+
+        return gatherResults(ds, consumeErrors=True).addCallback(len)
+
+    def compact(self, name: str) -> Deferred:
+        """Compact one channel: plan on the reactor, clean on the cleaner thread, install."""
+        if name in self._compacting:
+            return succeed(False)
+        d = self.propose(c.Compact(name, self.now_ms()))
+
+        def run(started: bool) -> Any:
+            plans = self.machine.take_compactions()
+            if not plans:
+                return False
+            self._compacting.update(n for n, _p in plans)
+            return _chain([self._clean(n, p) for n, p in plans])
+
+        return d.addCallback(run)
+
+    def _clean(self, name: str, plan: Any) -> Deferred:
+        d = self._run_cleaner(plan.run)
+
+        def install(result: Any) -> bool:
+            self.machine.install_compaction(name, result)
+            self._advanced(name)
+            return True
+
+        def done(outcome: Any) -> Any:
+            self._compacting.discard(name)
+            return outcome
+
+        return d.addCallback(install).addBoth(done)
+
+    # --- queues -----------------------------------------------------------------------
+
+    def queue_send(self, name: str, records: Sequence[NewRecord], *, internal: bool = False) -> Deferred:
+        """Enqueue messages; fires with their Sequences once durable."""
+        if not internal and name.startswith("_kafka."):
+            return _failed(check_client_channel_error(name))
+        batch = build_batch(records, now_ms=self.now_ms())
+        return self.propose(c.QueueSend(name, self.now_ms(), batch))
+
+    def queue_receive(self, name: str, max_messages: int, visibility_ms: int) -> Deferred:
+        """Take up to ``max_messages`` visible messages in flight; fires with QueueMessages."""
+        now = self.now_ms()
+        d = self.propose(c.Batch((c.QueueExpire(name, now),
+                                  c.QueueReceive(name, max_messages, visibility_ms, now))))
+        return d.addCallback(lambda results: results[-1])
+
+    def queue_ack(self, name: str, sequences: Iterable[int]) -> Deferred:
+        return self.propose(c.QueueAck(name, tuple(sequences)))
+
+    def queue_nack(self, name: str, sequences: Iterable[int]) -> Deferred:
+        return self.propose(c.QueueNack(name, tuple(sequences), self.now_ms()))
+
+    def queue_modify_deadline(self, name: str, sequences: Iterable[int], visibility_ms: int) -> Deferred:
+        return self.propose(
+            c.QueueModifyDeadline(name, tuple(sequences), visibility_ms, self.now_ms())
+        )
+
+    def queue(self, name: str) -> Any:
+        """The QueueChannel for read-only inspection (counts)."""
+        return self.machine.queue(name)
+
+    def _expire_queues(self) -> Deferred | None:
+        busy = [n for n, q in self.machine.queues.items() if q.inflight_count]
+        if not busy:
+            return None
+        now = self.now_ms()
+        return self.propose(c.Batch(tuple(c.QueueExpire(n, now) for n in busy)))
+
+    # --- coordinator families ---------------------------------------------------------
+
+    def keyed_get(self, family: str, key: bytes) -> bytes | None:
+        return self.machine.keyed[family].get(key)
+
+    def keyed_items(self, family: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        return self.machine.keyed[family].items(prefix)
+
+    def keyed_put(self, family: str, pairs: Iterable[tuple[bytes, bytes | None]]) -> Deferred:
+        """Durably write coordinator state (a None value deletes the key)."""
+        return self.propose(c.KeyedPut(family, tuple(pairs), self.now_ms()))
+
+    def drain(self) -> Deferred:
+        """Fire once everything written so far is durable."""
+        return self._proposer.drain()
+
+
+def check_client_channel_error(name: str) -> Exception:
+    try:
+        check_client_channel(name)
+    except Exception as exc:  # noqa: BLE001 - we return what the check raised
+        return exc
+    return ValueError(name)
+
+
+def _failed(exc: BaseException) -> Deferred:
+    d: Deferred = Deferred()
+    d.errback(exc)
+    return d
+
+
+def _chain(ds: list[Deferred]) -> Deferred:
+    from twisted.internet.defer import gatherResults
+
+    return gatherResults(ds, consumeErrors=True)
+
+
+class _StoreCollector:
+    """Prometheus view of the store: total size and log end per Kafka partition."""
+
+    def __init__(self, store: ChannelStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        size = GaugeMetricFamily("kmqkafka_store_size_bytes", "Bytes stored per channel",
+                                 labels=["channel"])
+        end = GaugeMetricFamily("kmqkafka_partition_log_end_offset",
+                                "Log end offset (high watermark) per Kafka partition",
+                                labels=["topic", "partition"])
+        start = GaugeMetricFamily("kmqkafka_partition_log_start_offset",
+                                  "Log start offset per Kafka partition",
+                                  labels=["topic", "partition"])
+        for name, ch in list(self._store.machine.channels.items()):
+            size.add_metric([name], ch.size_bytes)
+            tp = partition_of(name)
+            if tp is not None:
+                end.add_metric([tp[0], str(tp[1])], ch.durable_sequence - 1)
+                start.add_metric([tp[0], str(tp[1])], ch.log_start - 1)
+        yield size
+        yield end
+        yield start

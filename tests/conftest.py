@@ -1,0 +1,201 @@
+"""Shared fixtures: a real ``twistd -n kmqkafka`` daemon on free loopback ports.
+
+``start_broker(tmp_path, env=..., args=...)`` starts one and waits (bounded) for ``/health`` to
+answer 200; the returned ``BrokerProcess`` knows its ports and can be stopped with SIGTERM,
+killed with SIGKILL (``kill()``), or restarted on the same data dir and ports (``restart()``).
+The ``broker`` fixture is a Kafka-enabled daemon that is always stopped at the end of the test.
+Every wait is bounded; everything binds 127.0.0.1 only.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+import pytest
+
+HOST = "127.0.0.1"
+TWISTD = Path(sys.executable).parent / "twistd"
+_OWN_PREFIXES = ("CONNECTORS_KAFKA_", "KMQKAFKA_")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def base_env() -> dict[str, str]:
+    """The test process environment without any kmqkafka setting leaking in."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_OWN_PREFIXES)}
+
+
+@dataclass
+class BrokerProcess:
+    """A running daemon and how to reach it."""
+
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    kafka_port: int
+    tls_port: int
+    http_port: int
+    log_path: Path
+    env: dict[str, str]
+    args: list[str]
+    cwd: Path
+    host: str = HOST
+    history: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` of the plaintext Kafka listener."""
+        return f"{self.host}:{self.kafka_port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        """Everything the daemon has written to stdout/stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def health(self, timeout: float = 2.0) -> int:
+        """HTTP status of ``/health`` (0 when nothing answers)."""
+        return http_status(self.http_port, "/health", timeout)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit status (SIGKILLs and fails if it hangs)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError(f"daemon ignored SIGTERM for {timeout}s:\n{self.log()}")
+        return self.proc.returncode
+
+    def kill(self) -> int:
+        """SIGKILL (crash simulation) and reap; returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait(10)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Start a new daemon with the same settings, data dir and ports (after stop/kill)."""
+        assert self.proc.poll() is not None, "stop() or kill() the daemon first"
+        self.history.append(self.proc)
+        self.proc = _spawn(self.cwd, self.env, self.args, self.log_path)
+        _wait_healthy(self, timeout)
+
+
+def http_status(port: int, path: str, timeout: float = 2.0) -> int:
+    """Status code of GET http://127.0.0.1:port/path, 0 if the connection fails."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (OSError, urllib.error.URLError):
+        return 0
+
+
+def http_get(port: int, path: str, timeout: float = 5.0) -> bytes:
+    """Body of GET http://127.0.0.1:port/path (raises on failure)."""
+    with urllib.request.urlopen(f"http://{HOST}:{port}{path}", timeout=timeout) as r:
+        return r.read()
+
+
+def _spawn(cwd: Path, env: Mapping[str, str], args: Sequence[str], log_path: Path
+           ) -> subprocess.Popen[bytes]:
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(
+            [str(TWISTD), "-n", "--pidfile=", "kmqkafka", *args],
+            cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        log.close()
+
+
+def _wait_healthy(broker: BrokerProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if broker.proc.poll() is not None:
+            raise AssertionError(
+                f"daemon exited with {broker.proc.returncode} before /health:\n{broker.log()}"
+            )
+        if broker.health(timeout=1.0) == 200:
+            return
+        time.sleep(0.05)
+    broker.kill()
+    raise AssertionError(f"/health not 200 within {timeout}s:\n{broker.log()}")
+
+
+def start_broker(
+    tmp_path: Path,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    kafka: bool = True,
+    data_dir: Path | None = None,
+    wait: bool = True,
+    timeout: float = 30.0,
+) -> BrokerProcess:
+    """Start ``twistd -n kmqkafka`` on free 127.0.0.1 ports with a data dir under ``tmp_path``.
+
+    ``env`` entries override the defaults set here (ports, hosts, data dir, Kafka enabled);
+    ``args`` are appended to the command line. With ``wait`` (default) returns once ``/health``
+    is 200, raising (with the daemon's log) if it exits or is not healthy within ``timeout``.
+    The caller must ``stop()`` or ``kill()`` it; prefer the ``broker`` fixture when possible.
+    """
+    data_dir = data_dir or tmp_path / "data"
+    kafka_port, tls_port, http_port = free_port(), free_port(), free_port()
+    full_env = base_env()
+    full_env.update({
+        "CONNECTORS_KAFKA_ENABLE": "true" if kafka else "false",
+        "CONNECTORS_KAFKA_PORT": str(kafka_port),
+        "CONNECTORS_KAFKA_TLS_PORT": str(tls_port),
+        "CONNECTORS_KAFKA_BIND_HOST": HOST,
+        "KMQKAFKA_HTTP_PORT": str(http_port),
+        "KMQKAFKA_HTTP_HOST": HOST,
+        "KMQKAFKA_DATA_DIR": str(data_dir),
+    })
+    full_env.update(env or {})
+    kafka_port = int(full_env["CONNECTORS_KAFKA_PORT"])
+    tls_port = int(full_env["CONNECTORS_KAFKA_TLS_PORT"])
+    http_port = int(full_env["KMQKAFKA_HTTP_PORT"])
+    log_path = tmp_path / f"kmqkafka-{kafka_port}.log"
+    broker = BrokerProcess(
+        proc=_spawn(tmp_path, full_env, list(args), log_path),
+        data_dir=data_dir, kafka_port=kafka_port, tls_port=tls_port, http_port=http_port,
+        log_path=log_path, env=full_env, args=list(args), cwd=tmp_path,
+    )
+    if wait:
+        _wait_healthy(broker, timeout)
+    return broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A Kafka-enabled daemon on free loopback ports, stopped (SIGTERM, then SIGKILL) at the end."""
+    b = start_broker(tmp_path)
+    try:
+        yield b
+    finally:
+        if b.proc.poll() is None:
+            b.proc.send_signal(signal.SIGTERM)
+            try:
+                b.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                b.proc.kill()
+                b.proc.wait(10)

@@ -1,0 +1,442 @@
+"""The Kafka front door: framing, version checks, ordering, limits, TLS and lifecycle.
+
+The first part drives ``KafkaProtocol`` in memory (StringTransport, task.Clock); the rest talks to
+a real ``twistd -n kmqkafka`` subprocess over loopback sockets.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+import ssl
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.api_versions.v0.response import ApiVersionsResponse as ApiVersionsV0
+from kio.schema.api_versions.v3.response import ApiVersionsResponse as ApiVersionsV3
+from kio.schema.errors import ErrorCode
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.serial import entity_reader
+from prometheus_client import CollectorRegistry
+from twisted.internet import task
+from twisted.internet.defer import Deferred
+from twisted.internet.testing import StringTransport
+
+from kmqkafka.dispatch import NO_RESPONSE, Dispatcher
+from kmqkafka.kafka import api_versions
+from kmqkafka.metrics import Metrics
+from kmqkafka.net.protocol import MAX_IN_FLIGHT, ConnectionLimiter, KafkaFactory
+
+from conftest import HOST, BrokerProcess, http_get, start_broker
+
+# -- raw frames ------------------------------------------------------------------------------
+
+
+def api_versions_frame(version: int, correlation_id: int, client_id: str = "wire-test") -> bytes:
+    """A complete size-prefixed ApiVersions request (header v1 for v0-2, v2 for v3+)."""
+    cid = client_id.encode()
+    header = struct.pack(">hhih", 18, version, correlation_id, len(cid)) + cid
+    if version >= 3:
+        header += b"\x00"  # header tagged fields
+        body = b"\x0awire-test\x041.0\x00"  # compact strings + body tagged fields
+    else:
+        body = b""
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return bytes(data)
+
+
+def read_response(sock: socket.socket) -> bytes:
+    (size,) = struct.unpack(">i", recv_exact(sock, 4))
+    return recv_exact(sock, size)
+
+
+def decode_api_versions(payload: bytes, version: int) -> tuple[int, Any]:
+    """(correlation id, decoded body): ApiVersions responses always use response header v0."""
+    header, used = entity_reader(ResponseHeaderV0)(payload, 0)
+    cls = ApiVersionsV0 if version == 0 else ApiVersionsV3
+    body, n = entity_reader(cls)(payload, used)
+    assert used + n == len(payload)
+    return header.correlation_id, body
+
+
+def is_closed(sock: socket.socket, timeout: float = 5.0) -> bool:
+    """True if the peer closes (EOF or reset) within ``timeout`` without sending anything."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection((HOST, port), timeout=5)
+    sock.settimeout(5)
+    return sock
+
+
+def roundtrip_ok(port: int) -> None:
+    with connect(port) as sock:
+        sock.sendall(api_versions_frame(0, 99))
+        corr, body = decode_api_versions(read_response(sock), 0)
+        assert corr == 99 and body.error_code == ErrorCode.none
+
+
+# -- in-memory protocol ---------------------------------------------------------------------
+
+
+class Harness:
+    """A KafkaFactory with ApiVersions plus test handlers, and one connection."""
+
+    def __init__(self, max_frame: int = 1 << 20, limit: int = 10) -> None:
+        self.clock = task.Clock()
+        self.dispatcher = Dispatcher()
+        api_versions.register(self.dispatcher)
+        self.metrics = Metrics(CollectorRegistry())
+        self.factory = KafkaFactory(self.dispatcher, self.metrics, self.clock, max_frame,
+                                    ConnectionLimiter(limit))
+
+    def connect(self) -> tuple[Any, StringTransport]:
+        proto = self.factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        return proto, transport
+
+
+def responses(data: bytes) -> list[tuple[int, bytes]]:
+    """Split written bytes into (correlation id, rest) per response frame."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        frame = data[pos + 4: pos + 4 + size]
+        out.append((struct.unpack_from(">i", frame, 0)[0], frame))
+        pos += 4 + size
+    return out
+
+
+def test_responses_are_written_in_request_order_when_handlers_finish_out_of_order() -> None:
+    h = Harness()
+    parked: dict[int, Deferred[Any]] = {}
+
+    def slow(request: Any, ctx: Any) -> Deferred[Any]:
+        parked[ctx.correlation_id] = Deferred()
+        return parked[ctx.correlation_id]
+
+    # Take over ApiVersions v0..v4 with a parking handler (keeps the fallback hook off).
+    h.dispatcher._registry.clear()
+    h.dispatcher.register(18, slow, 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(b"".join(api_versions_frame(3, c) for c in (1, 2, 3)))
+    assert transport.value() == b""
+    for c in (3, 2):
+        parked[c].callback(api_versions.build_response(h.dispatcher, 3, ErrorCode.none))
+    assert transport.value() == b"", "response 3 and 2 must wait for 1"
+    parked[1].callback(api_versions.build_response(h.dispatcher, 3, ErrorCode.none))
+    assert [c for c, _ in responses(transport.value())] == [1, 2, 3]
+
+
+def test_no_response_keeps_order_and_writes_nothing() -> None:
+    h = Harness()
+    h.dispatcher._registry.clear()
+    d: Deferred[Any] = Deferred()
+    h.dispatcher.register(18, lambda req, ctx: d if ctx.correlation_id == 1 else
+                          (NO_RESPONSE if ctx.correlation_id == 2 else
+                           api_versions.build_response(h.dispatcher, 0, ErrorCode.none)), 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in (1, 2, 3)))
+    assert transport.value() == b""
+    d.callback(NO_RESPONSE)
+    assert [c for c, _ in responses(transport.value())] == [3]
+
+
+def test_frames_split_across_reads_are_reassembled() -> None:
+    h = Harness()
+    proto, transport = h.connect()
+    data = b"".join(api_versions_frame(v, c) for c, v in enumerate((0, 1, 2, 3, 4)))
+    for i in range(len(data)):
+        proto.dataReceived(data[i:i + 1])
+    assert [c for c, _ in responses(transport.value())] == [0, 1, 2, 3, 4]
+    assert not transport.disconnecting
+
+
+@pytest.mark.parametrize("size", [-1, (1 << 20) + 1, 0x7FFFFFFF])
+def test_frame_size_outside_cap_closes_without_buffering(size: int) -> None:
+    h = Harness(max_frame=1 << 20)
+    proto, transport = h.connect()
+    proto.dataReceived(struct.pack(">i", size) + b"x" * 10)
+    assert transport.disconnecting
+    assert len(proto._buf) == 0
+
+
+def test_frame_size_at_cap_is_read() -> None:
+    h = Harness(max_frame=64)
+    proto, transport = h.connect()
+    frame = api_versions_frame(0, 5)
+    assert len(frame) - 4 <= 64
+    proto.dataReceived(frame)
+    assert responses(transport.value())[0][0] == 5
+
+
+def test_handler_exception_becomes_unknown_server_error() -> None:
+    h = Harness()
+    h.dispatcher._registry.clear()
+
+    def boom(request: Any, ctx: Any) -> Any:
+        raise RuntimeError("boom")
+
+    h.dispatcher.register(18, boom, 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(api_versions_frame(3, 7))
+    corr, body = decode_api_versions(responses(transport.value())[0][1], 3)
+    assert corr == 7 and body.error_code == ErrorCode.unknown_server_error
+    assert not transport.disconnecting
+
+
+def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
+    h = Harness()
+    h.dispatcher._registry.clear()
+    parked: list[Deferred[Any]] = []
+
+    def slow(request: Any, ctx: Any) -> Deferred[Any]:
+        parked.append(Deferred())
+        return parked[-1]
+
+    h.dispatcher.register(18, slow, 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in range(MAX_IN_FLIGHT + 10)))
+    assert transport.producerState == "paused"
+    assert len(parked) == MAX_IN_FLIGHT + 1  # the rest stays in the buffer unread
+    while parked:
+        d = parked.pop(0)
+        d.callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
+    assert transport.producerState == "producing"
+    assert len(responses(transport.value())) == MAX_IN_FLIGHT + 10
+
+
+def test_connection_lost_cancels_pending_handlers() -> None:
+    h = Harness()
+    h.dispatcher._registry.clear()
+    cancelled: list[int] = []
+
+    def slow(request: Any, ctx: Any) -> Deferred[Any]:
+        return Deferred(lambda d: cancelled.append(ctx.correlation_id))
+
+    h.dispatcher.register(18, slow, 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in (1, 2)))
+    proto.connectionLost(None)
+    assert cancelled == [1, 2]
+    assert h.factory.limiter.open == 0
+
+
+def test_connection_cap_refuses_beyond_limit() -> None:
+    h = Harness(limit=1)
+    first, t1 = h.connect()
+    second, t2 = h.connect()
+    assert not t1.disconnecting and t2.disconnecting
+    first.connectionLost(None)
+    third, t3 = h.connect()
+    assert not t3.disconnecting
+
+
+# -- real daemon over sockets ----------------------------------------------------------------
+
+
+def test_api_versions_v0_over_socket(broker: BrokerProcess) -> None:
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(api_versions_frame(0, 11))
+        corr, body = decode_api_versions(read_response(sock), 0)
+    assert corr == 11
+    assert body.error_code == ErrorCode.none
+    assert (18, 0, 4) in [(k.api_key, k.min_version, k.max_version) for k in body.api_keys]
+
+
+def test_api_versions_v3_over_socket(broker: BrokerProcess) -> None:
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(api_versions_frame(3, 12))
+        corr, body = decode_api_versions(read_response(sock), 3)
+    assert corr == 12 and body.error_code == ErrorCode.none
+    assert body.throttle_time == datetime.timedelta(0)
+
+
+def test_unsupported_api_versions_version_answers_v0_layout_with_error_35(
+    broker: BrokerProcess,
+) -> None:
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(api_versions_frame(99, 13))
+        corr, body = decode_api_versions(read_response(sock), 0)
+        assert corr == 13
+        assert body.error_code == ErrorCode.unsupported_version
+        assert 18 in [k.api_key for k in body.api_keys]
+        # The connection stays usable: the client retries with a supported version.
+        sock.sendall(api_versions_frame(3, 14))
+        assert decode_api_versions(read_response(sock), 3)[0] == 14
+
+
+def test_random_bytes_close_only_that_connection(broker: BrokerProcess) -> None:
+    with connect(broker.kafka_port) as other:
+        with connect(broker.kafka_port) as sock:
+            sock.sendall(b"\x00\x00\x00\x10" + os.urandom(16))
+            assert is_closed(sock)
+        other.sendall(api_versions_frame(0, 1))
+        assert decode_api_versions(read_response(other), 0)[0] == 1
+    roundtrip_ok(broker.kafka_port)
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_two_gib_length_prefix_closes_without_reading(broker: BrokerProcess) -> None:
+    before = _rss_kib(broker.pid)
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(struct.pack(">I", 0x7FFFFFFF) + b"\x00" * 65536)
+        assert is_closed(sock)
+    assert _rss_kib(broker.pid) - before < 50 * 1024
+    roundtrip_ok(broker.kafka_port)
+
+
+def test_unknown_api_key_closes(broker: BrokerProcess) -> None:
+    with connect(broker.kafka_port) as sock:
+        payload = struct.pack(">hhih", 31000, 0, 1, 0)
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        assert is_closed(sock)
+    roundtrip_ok(broker.kafka_port)
+
+
+def test_truncated_body_closes(broker: BrokerProcess) -> None:
+    frame = api_versions_frame(3, 5)
+    # Declare a frame that ends in the middle of the body's first compact string.
+    cut = frame[4:-8]
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(struct.pack(">i", len(cut)) + cut)
+        assert is_closed(sock)
+    roundtrip_ok(broker.kafka_port)
+
+
+def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None:
+    versions = [0, 3, 1, 4, 2, 99, 3, 0] * 8
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(b"".join(api_versions_frame(v, i) for i, v in enumerate(versions)))
+        got = [struct.unpack_from(">i", read_response(sock), 0)[0] for _ in versions]
+    assert got == list(range(len(versions)))
+
+
+def test_connection_cap(tmp_path: Path) -> None:
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_MAX_CONNECTIONS": "2"})
+    try:
+        a, c = connect(b.kafka_port), connect(b.kafka_port)
+        for i, sock in enumerate((a, c)):
+            sock.sendall(api_versions_frame(0, i))
+            assert decode_api_versions(read_response(sock), 0)[0] == i
+        with connect(b.kafka_port) as third:
+            assert is_closed(third)
+        a.close()
+        deadline = time.monotonic() + 5
+        while True:  # the broker notices the close asynchronously
+            try:
+                roundtrip_ok(b.kafka_port)
+                break
+            except (ConnectionError, OSError):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        c.close()
+    finally:
+        assert b.stop() == 0
+
+
+def test_kafka_disabled_never_binds(tmp_path: Path) -> None:
+    b = start_broker(tmp_path, kafka=False)
+    try:
+        for port in (b.kafka_port, b.tls_port):
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((HOST, port), timeout=5)
+        assert b.health() == 200
+    finally:
+        assert b.stop() == 0
+
+
+def make_self_signed(directory: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kmqkafka-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]),
+            critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "server.pem", directory / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_listener_answers_api_versions(tmp_path: Path) -> None:
+    cert, key = make_self_signed(tmp_path)
+    b = start_broker(tmp_path, env={"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
+    try:
+        context = ssl.create_default_context(cafile=str(cert))
+        with socket.create_connection((HOST, b.tls_port), timeout=5) as raw:
+            with context.wrap_socket(raw, server_hostname=HOST) as sock:
+                sock.sendall(api_versions_frame(3, 21))
+                corr, body = decode_api_versions(read_response(sock), 3)  # type: ignore[arg-type]
+        assert corr == 21 and body.error_code == ErrorCode.none
+        roundtrip_ok(b.kafka_port)  # plaintext still open beside TLS
+    finally:
+        assert b.stop() == 0
+
+
+def test_tls_enabled_without_certificate_refuses_to_start(tmp_path: Path) -> None:
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_TLS_ENABLE": "true"}, wait=False)
+    assert b.proc.wait(30) != 0
+    lines = [l for l in b.log().splitlines() if l.strip()]
+    assert len(lines) == 1 and "CONNECTORS_KAFKA_TLS_ENABLE" in lines[0]
+
+
+def test_sigterm_exits_zero(broker: BrokerProcess) -> None:
+    roundtrip_ok(broker.kafka_port)
+    assert broker.stop() == 0
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((HOST, broker.kafka_port), timeout=5)
+
+
+def test_health_and_metrics(broker: BrokerProcess) -> None:
+    assert broker.health() == 200
+    roundtrip_ok(broker.kafka_port)
+    text = http_get(broker.http_port, "/metrics").decode()
+    assert 'kmqkafka_kafka_requests_total{api="api_versions",version="0"}' in text
+    assert "kmqkafka_kafka_request_latency_seconds_bucket" in text
+    assert "kmqkafka_kafka_connections_open" in text

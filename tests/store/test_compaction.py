@@ -1,0 +1,179 @@
+"""Compaction: latest value per key survives with its Sequence; tombstones age out."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kmqkafka import records
+from kmqkafka.store.config import LogConfig
+from kmqkafka.store.log import ChannelLog
+
+from . import all_records, flush, make_batch, reopen
+
+COMPACT = LogConfig(segment_bytes=400, index_interval_bytes=100, cleanup_policy="compact",
+                    retention_ms=None, delete_retention_ms=1_000)
+
+
+def _compact(log: ChannelLog, now_ms: int) -> int:
+    plan = log.compaction_plan(now_ms)
+    if plan is None:
+        return 0
+    return log.install_compaction(plan.run())
+
+
+def _kv(log: ChannelLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(r.offset + 1, r.key, r.value) for r in all_records(log)]
+
+
+def test_no_plan_without_compact_policy_or_closed_segments(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, COMPACT.with_changes(cleanup_policy="delete"), 0)
+    for i in range(20):
+        log.append(make_batch(1, key=b"k"), 0)
+    flush(log)
+    assert log.compaction_plan(0) is None
+    log.set_config(COMPACT.with_changes(segment_bytes=1 << 20))
+    fresh = ChannelLog.open(tmp_path / "fresh", log.config, 0)
+    fresh.append(make_batch(1, key=b"k"), 0)
+    flush(fresh)
+    assert fresh.compaction_plan(0) is None  # only the active segment
+    fresh.close()
+    log.close()
+
+
+def test_latest_value_per_key_survives_with_its_sequence(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, COMPACT, 0)
+    keys = [b"a", b"b", b"a", None, b"c", b"b", b"a", None] * 4
+    for i, key in enumerate(keys):
+        log.append(make_batch(1, key=key, values=[b"v%02d" % i]), 0)
+    log.append(make_batch(1, key=b"tail", value=b"t"), 0)
+    flush(log)
+    next_before, start_before = log.next_sequence, log.log_start
+    assert _compact(log, 0) > 0
+    kv = _kv(log)
+    latest = {key: i + 1 for i, key in enumerate(keys) if key is not None}
+    closed_end = log._segments[-1].base
+    for i, key in enumerate(keys):
+        seq = i + 1
+        survives = key is None or latest[key] == seq or seq >= closed_end
+        assert ((seq, key, b"v%02d" % i) in kv) == survives, (seq, key)
+    assert (log.next_sequence, log.log_start) == (next_before, start_before)
+    assert log.append(make_batch(1), 0)[0] == next_before
+    # reads from any Sequence work, and survive a restart
+    for seq in range(1, log.next_sequence - 1):
+        assert log.read(seq, 1).batches
+    log = reopen(log)
+    assert _kv(log)[: len(kv)] == kv
+    log.close()
+
+
+def test_tombstones_are_removed_only_after_the_window(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, COMPACT, 0)
+    log.append(make_batch(1, key=b"x", value=b"old", ts=100), 100)
+    log.append(make_batch(1, key=b"x", values=[None], ts=100), 100)  # tombstone, Sequence 2
+    for i in range(10):
+        log.append(make_batch(1, key=b"other%d" % i, value=b"p" * 60, ts=100), 100)
+    flush(log)
+    _compact(log, 500)  # within delete_retention_ms of 1000
+    assert [(s, k, v) for s, k, v in _kv(log) if k == b"x"] == [(2, b"x", None)]
+    _compact(log, 1_200)
+    assert [(s, k, v) for s, k, v in _kv(log) if k == b"x"] == []
+    assert log.log_start == 1
+    log.close()
+
+
+def test_rewritten_batches_keep_codec_producer_and_offsets(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, COMPACT.with_changes(segment_bytes=2_000), 0)
+    batch = records.build_batch(
+        [records.NewRecord(value=b"v%d" % i, key=b"k%d" % (i % 3), timestamp=50 + i) for i in range(9)],
+        now_ms=50, compression=records.COMPRESSION_ZSTD, producer_id=7, producer_epoch=3,
+        base_sequence=11, attributes=records.TRANSACTIONAL_FLAG,
+    )
+    log.append(batch, 0)
+    log.append(records.build_control_batch(commit=True, producer_id=7, producer_epoch=3, now_ms=60), 0)
+    log.append(make_batch(1, key=b"zz", value=b"q" * 2_000), 0)  # rolls: batch 1 and control closed
+    log.append(make_batch(1), 0)
+    flush(log)
+    assert _compact(log, 0) == 1
+    got = log.read(1, 1 << 20).batches
+    header = records.validate_batch(got[0])
+    assert (header.compression, header.producer_id, header.producer_epoch, header.base_sequence) == (
+        records.COMPRESSION_ZSTD, 7, 3, 11)
+    assert header.is_transactional and header.base_offset == 0
+    assert [(r.offset + 1, r.value) for r in records.iter_records(got[0])] == [
+        (7, b"v6"), (8, b"v7"), (9, b"v8")]
+    control = records.validate_batch(got[1])
+    assert control.is_control and control.base_offset == 9
+    log.close()
+
+
+def test_stale_result_is_discarded(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, COMPACT.with_changes(cleanup_policy="compact,delete",
+                                                          retention_messages=5), 0)
+    for i in range(30):
+        log.append(make_batch(1, key=b"k", value=b"p" * 50), 0)
+    flush(log)
+    plan = log.compaction_plan(0)
+    before = log.segment_count
+    assert log.enforce_retention(0) > 0  # drops the segments the plan covers
+    assert log.install_compaction(plan.run()) == 0
+    assert not list(tmp_path.glob("*.cleaned"))
+    assert log.segment_count < before
+    log.close()
+
+
+def test_all_records_removed_leaves_an_empty_segment_and_log_start(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, COMPACT, 0)
+    for i in range(12):
+        log.append(make_batch(1, key=b"same", value=b"p" * 60), 0)
+    log.roll()
+    flush(log)
+    _compact(log, 0)
+    assert log.log_start == 1
+    assert [s for s, _, _ in _kv(log)] == [12]
+    assert log.read(1, 100).batches  # reads from the start skip the empty segments
+    log = reopen(log)
+    assert [s for s, _, _ in _kv(log)] == [12] and log.log_start == 1
+    log.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.sampled_from([b"a", b"b", b"c", b"d", None]), st.booleans()),
+                 min_size=1, max_size=4),
+        min_size=1, max_size=40),
+    now=st.integers(0, 3_000),
+    restart=st.booleans(),
+)
+def test_compaction_matches_a_model(batches, now, restart) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = ChannelLog.open(Path(tmp), COMPACT, 0)
+        model = []  # (seq, key, value, ts)
+        for i, recs in enumerate(batches):
+            ts = i * 50
+            keys = [k for k, _ in recs]
+            values = [None if tomb else b"v%d.%d" % (i, j) for j, (_, tomb) in enumerate(recs)]
+            first, _ = log.append(make_batch(len(recs), keys=keys, values=values, ts=ts), ts)
+            model.extend((first + j, k, v, ts) for j, (k, v) in enumerate(zip(keys, values)))
+        flush(log)
+        before = _kv(log)
+        _compact(log, now)
+        if restart:
+            log = reopen(log)
+        closed_end = log._segments[-1].base
+        latest = {k: s for s, k, _, _ in model if k is not None}
+        want = [
+            (s, k, v) for s, k, v, ts in model
+            if s >= closed_end
+            or ((k is None or latest[k] == s) and not (v is None and ts < now - 1_000))
+        ]
+        assert _kv(log) == want
+        assert log.next_sequence == len(model) + 1 and log.log_start == 1
+        # compacting again changes nothing
+        _compact(log, now)
+        assert _kv(log) == want
+        assert len(before) >= len(want)
+        log.close()

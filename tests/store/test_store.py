@@ -1,0 +1,167 @@
+"""The ChannelStore facade: group commit, reads, waiters, reservation, restart — on a fake clock."""
+
+import pytest
+from twisted.internet.task import Clock
+
+from kmqkafka.records import NewRecord, build_batch, iter_records, read_header
+from kmqkafka.store.errors import ChannelExists, ChannelNotFound, OffsetOutOfRange, ReservedChannel
+from kmqkafka.store.store import ChannelStore
+
+
+def result_of(d, clock=None):
+    out = []
+    d.addBoth(out.append)
+    if clock is not None:
+        for _ in range(5):
+            if out:
+                break
+            clock.advance(0)
+    assert out, "deferred did not fire"
+    if hasattr(out[0], "raiseException"):
+        out[0].raiseException()
+    return out[0]
+
+
+@pytest.fixture
+def clock():
+    c = Clock()
+    c.advance(1_700_000_000)
+    return c
+
+
+def open_store(tmp_path, clock):
+    store = ChannelStore(tmp_path / "data", clock, threaded_io=False)
+    result_of(store.start())
+    return store
+
+
+def batch(n, tag=b"v"):
+    return build_batch([NewRecord(value=tag + str(i).encode(), key=b"k%d" % i) for i in range(n)],
+                       now_ms=1_700_000_000_000)
+
+
+def test_append_is_acknowledged_only_after_the_group_flush(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    d = store.append_batch("kafka.t", batch(3))
+    fired = []
+    d.addCallback(fired.append)
+    assert fired == []
+    assert store.bounds("kafka.t").high_watermark == 1  # not visible before fsync
+    clock.advance(0)
+    assert fired[0].first_sequence == 1 and fired[0].last_sequence == 3
+    assert store.bounds("kafka.t").high_watermark == 4
+
+
+def test_appends_in_one_turn_share_one_fsync(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    before = store._proposer.flush_count
+    ds = [store.append_batch("kafka.t", batch(2)) for _ in range(50)]
+    clock.advance(0)
+    results = [result_of(d) for d in ds]
+    assert store._proposer.flush_count == before + 1
+    assert [r.first_sequence for r in results] == list(range(1, 101, 2))
+
+
+def test_read_returns_stored_bytes_with_only_base_offset_changed(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    sent = [batch(2, b"a"), batch(3, b"b")]
+    for b in sent:
+        result_of(store.append_batch("kafka.t", b), clock)
+    res = store.read("kafka.t", 1, 1 << 20)
+    got = [bytes(b) for b in res.batches]
+    assert [g[8:] for g in got] == [s[8:] for s in sent]
+    assert [read_header(g).base_offset for g in got] == [0, 2]
+    values = [r.value for g in got for r in iter_records(g)]
+    assert values == [b"a0", b"a1", b"b0", b"b1", b"b2"]
+    with pytest.raises(OffsetOutOfRange):
+        store.read("kafka.t", 7, 100)
+
+
+def test_reserved_channels_are_closed_to_clients(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    for d in (store.create_channel("_kafka.offsets.0"), store.append_batch("_kafka.x", batch(1)),
+              store.delete_channel("_kafka.groups.1")):
+        with pytest.raises(ReservedChannel, match="reserved for internal use"):
+            result_of(d, clock)
+    with pytest.raises(ReservedChannel):
+        store.read("_kafka.offsets.0", 1, 10)
+    assert all(not n.startswith("_kafka.") for n in store.list_channels())
+
+
+def test_create_twice_and_missing_channel_errors(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    assert result_of(store.create_channel("a"), clock) is True
+    with pytest.raises(ChannelExists):
+        result_of(store.create_channel("a"), clock)
+    assert result_of(store.create_channel("a", exist_ok=True), clock) is False
+    with pytest.raises(ChannelNotFound):
+        result_of(store.append_batch("nope", batch(1)), clock)
+    assert result_of(store.delete_channel("a"), clock) is True
+    assert not store.exists("a")
+
+
+def test_waiter_wakes_when_flushed_data_arrives(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    woke = []
+    store.wait_for("kafka.t", 1, 5.0).addCallback(woke.append)
+    store.append_batch("kafka.t", batch(1))
+    assert woke == []
+    clock.advance(0)
+    assert woke == [True]
+    late = []
+    store.wait_for("kafka.t", 2, 0.5).addCallback(late.append)
+    clock.advance(0.6)
+    assert late == [False]
+
+
+def test_everything_survives_a_restart(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t", config={"retention_ms": 12345}), clock)
+    result_of(store.append_batch("kafka.t", batch(4)), clock)
+    result_of(store.keyed_put("offsets", [(b"g1", b"42"), (b"g2", b"7")]), clock)
+    result_of(store.keyed_put("offsets", [(b"g2", None)]), clock)
+    result_of(store.stop(), clock)
+    again = open_store(tmp_path, clock)
+    assert again.bounds("kafka.t").high_watermark == 5
+    assert again.config("kafka.t").retention_ms == 12345
+    assert again.keyed_get("offsets", b"g1") == b"42"
+    assert again.keyed_get("offsets", b"g2") is None
+    res = again.read("kafka.t", 1, 1 << 20)
+    assert [r.value for b in res.batches for r in iter_records(b)] == [b"v0", b"v1", b"v2", b"v3"]
+
+
+def test_truncate_prefix_moves_log_start(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    for _ in range(3):
+        result_of(store.append_batch("kafka.t", batch(2)), clock)
+    assert result_of(store.truncate_prefix("kafka.t", 3), clock) == 3
+    assert store.bounds("kafka.t").log_start == 3
+    with pytest.raises(OffsetOutOfRange):
+        store.read("kafka.t", 2, 100)
+
+
+def test_queue_through_the_store(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("q1", kind="queue"), clock)
+    seqs = result_of(store.queue_send("q1", [NewRecord(value=b"m%d" % i) for i in range(3)]), clock)
+    assert seqs == [1, 2, 3]
+    got = result_of(store.queue_receive("q1", 2, 1000), clock)
+    assert [m.record.value for m in got] == [b"m0", b"m1"]
+    assert result_of(store.queue_ack("q1", [got[0].sequence]), clock) == [1]
+    clock.advance(1.5)  # m1's visibility expires; the expiry loop makes it visible again
+    again = result_of(store.queue_receive("q1", 5, 1000), clock)
+    assert [(m.record.value, m.delivery_count) for m in again] == [(b"m1", 2), (b"m2", 1)]
+
+
+def test_stop_makes_unacknowledged_acks1_writes_durable(tmp_path, clock):
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    result_of(store.append_batch("kafka.t", batch(2), durable=False))
+    result_of(store.stop(), clock)
+    again = open_store(tmp_path, clock)
+    assert again.bounds("kafka.t").high_watermark == 3

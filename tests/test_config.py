@@ -1,0 +1,164 @@
+"""Settings: precedence option > environment > TOML file > default, and one-line errors."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kmqkafka.config import SETTINGS, ConfigError, Settings, load_settings
+from kmqkafka.tap import Options
+
+from conftest import TWISTD, base_env, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def options(*argv: str) -> Options:
+    opts = Options()
+    opts.parseOptions(list(argv))
+    return opts
+
+
+def test_defaults_match_the_seed() -> None:
+    s = load_settings({}, {})
+    assert (s.kafka_enable, s.kafka_port, s.kafka_tls_port) == (False, 9092, 9093)
+    assert s.kafka_advertised_port == 9092 and s.kafka_advertised_host == "127.0.0.1"
+    assert (s.kafka_max_connections, s.kafka_max_message_bytes, s.kafka_max_groups) == (
+        1000, 1048576, 10000)
+    assert (s.kafka_produce_byte_rate, s.kafka_fetch_byte_rate) == (0, 0)
+    assert s.kafka_auto_create_topics is True and s.kafka_tls_enable is False
+    assert s.data_dir == Path("./kmq-data") and s.http_port == 8080 and s.node_id == 1
+
+
+def test_precedence_option_over_env_over_file_over_default(tmp_path: Path) -> None:
+    f = tmp_path / "k.toml"
+    f.write_text("[kafka]\nport = 1001\nmax_groups = 7\nmax_connections = 5\n")
+    env = {"CONNECTORS_KAFKA_PORT": "2002", "CONNECTORS_KAFKA_MAX_GROUPS": "8"}
+    s = load_settings(options("--kafka-port", "3003"), env, f)
+    assert s.kafka_port == 3003  # option wins
+    assert s.kafka_max_groups == 8  # env beats file
+    assert s.kafka_max_connections == 5  # file beats default
+    assert s.kafka_max_message_bytes == 1048576  # default
+
+
+def test_kafka_flag_and_env_enable() -> None:
+    assert load_settings(options("--kafka"), {}).kafka_enable is True
+    assert load_settings(options(), {"CONNECTORS_KAFKA_ENABLE": "yes"}).kafka_enable is True
+    assert load_settings(options(), {"CONNECTORS_KAFKA_ENABLE": "off"}).kafka_enable is False
+
+
+def test_advertised_defaults_follow_bind_host_and_port() -> None:
+    s = load_settings({}, {"CONNECTORS_KAFKA_BIND_HOST": "10.1.2.3", "CONNECTORS_KAFKA_PORT": "9000"})
+    assert (s.kafka_advertised_host, s.kafka_advertised_port) == ("10.1.2.3", 9000)
+    s = load_settings({}, {"CONNECTORS_KAFKA_ADVERTISED_HOST": "b.example",
+                           "CONNECTORS_KAFKA_ADVERTISED_PORT": "19092"})
+    assert (s.kafka_advertised_host, s.kafka_advertised_port) == ("b.example", 19092)
+
+
+def test_tls_enable_defaults_to_certificate_presence() -> None:
+    s = load_settings({}, {"KMQKAFKA_TLS_CERT": "/x/c.pem"})
+    assert s.kafka_tls_enable is True and s.tls_key == Path("/x/c.pem")
+    s = load_settings({}, {"KMQKAFKA_TLS_CERT": "/x/c.pem", "CONNECTORS_KAFKA_TLS_ENABLE": "false"})
+    assert s.kafka_tls_enable is False
+
+
+def test_tls_enabled_without_certificate_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="CONNECTORS_KAFKA_TLS_ENABLE.*no certificate"):
+        load_settings({}, {"CONNECTORS_KAFKA_ENABLE": "1", "CONNECTORS_KAFKA_TLS_ENABLE": "1"})
+
+
+BAD_VALUES = [
+    ("CONNECTORS_KAFKA_ENABLE", "maybe"),
+    ("CONNECTORS_KAFKA_PORT", "abc"),
+    ("CONNECTORS_KAFKA_PORT", "0"),
+    ("CONNECTORS_KAFKA_PORT", "65536"),
+    ("CONNECTORS_KAFKA_TLS_PORT", "-1"),
+    ("CONNECTORS_KAFKA_ADVERTISED_PORT", "70000"),
+    ("CONNECTORS_KAFKA_MAX_CONNECTIONS", "0"),
+    ("CONNECTORS_KAFKA_MAX_MESSAGE_BYTES", "-5"),
+    ("CONNECTORS_KAFKA_MAX_GROUPS", "1.5"),
+    ("CONNECTORS_KAFKA_PRODUCE_BYTE_RATE", "-1"),
+    ("CONNECTORS_KAFKA_FETCH_BYTE_RATE", "lots"),
+    ("CONNECTORS_KAFKA_AUTO_CREATE_TOPICS", "perhaps"),
+    ("CONNECTORS_KAFKA_TLS_ENABLE", "2"),
+    ("KMQKAFKA_HTTP_PORT", "http"),
+    ("KMQKAFKA_NODE_ID", "-1"),
+    ("KMQKAFKA_DATA_DIR", " "),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD_VALUES)
+def test_bad_value_is_one_line_naming_the_setting(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, {name: value})
+    message = str(info.value)
+    assert "\n" not in message and name in message
+
+
+def test_bad_value_in_file_and_option_names_the_setting(tmp_path: Path) -> None:
+    f = tmp_path / "k.toml"
+    f.write_text('[kafka]\nport = "nine"\n')
+    with pytest.raises(ConfigError, match="CONNECTORS_KAFKA_PORT"):
+        load_settings({}, {}, f)
+    f.write_text("[kafka]\nmax_groups = true\n")
+    with pytest.raises(ConfigError, match="CONNECTORS_KAFKA_MAX_GROUPS"):
+        load_settings({}, {}, f)
+    with pytest.raises(ConfigError, match="CONNECTORS_KAFKA_MAX_CONNECTIONS"):
+        load_settings(options("--kafka-max-connections", "x"), {})
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("[kafka\nport = 1", "not valid TOML"),
+    ("[kafka]\nprot = 1\n", "unknown key [kafka] prot"),
+    ("kafka = 3\n", "not a table"),
+])
+def test_bad_file_is_one_line(tmp_path: Path, content: str, needle: str) -> None:
+    f = tmp_path / "k.toml"
+    f.write_text(content)
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, {}, f)
+    assert "\n" not in str(info.value) and needle in str(info.value)
+    assert "--config" in str(info.value)
+
+
+def test_unreadable_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--config: cannot read") as info:
+        load_settings({}, {}, tmp_path / "missing.toml")
+    assert "\n" not in str(info.value)
+
+
+def test_other_tables_are_passed_through(tmp_path: Path) -> None:
+    f = tmp_path / "k.toml"
+    f.write_text('[security]\nsasl = ["PLAIN"]\n')
+    assert load_settings({}, {}, f).file_tables == {"security": {"sasl": ["PLAIN"]}}
+
+
+def test_shipped_example_file_is_valid_and_documents_every_setting() -> None:
+    path = REPO / "etc" / "kmqkafka.toml"
+    s = load_settings({}, {}, path)
+    assert s == Settings(config_file=path, kafka_advertised_port=9092)
+    text = path.read_text()
+    for setting in SETTINGS:
+        assert setting.env in text and setting.key in text, setting.env
+
+
+def test_every_setting_is_an_option() -> None:
+    opts = Options()
+    names = {p[0] for p in opts.optParameters} | {f[0] for f in opts.optFlags}
+    assert {s.option for s in SETTINGS} <= names
+
+
+@pytest.mark.parametrize("name,value", [("CONNECTORS_KAFKA_PORT", "notaport"),
+                                        ("CONNECTORS_KAFKA_ENABLE", "sometimes")])
+def test_twistd_exits_nonzero_with_the_one_line(tmp_path: Path, name: str, value: str) -> None:
+    env = base_env()
+    env.update({name: value, "KMQKAFKA_HTTP_PORT": str(free_port()),
+                "KMQKAFKA_HTTP_HOST": "127.0.0.1", "KMQKAFKA_DATA_DIR": str(tmp_path / "d")})
+    proc = subprocess.run([str(TWISTD), "-n", "--pidfile=", "kmqkafka"], cwd=tmp_path, env=env,
+                          capture_output=True, timeout=60)
+    assert proc.returncode != 0
+    lines = [l for l in (proc.stdout + proc.stderr).decode().splitlines() if l.strip()]
+    assert len(lines) == 1, lines
+    assert name in lines[0] and value in lines[0]
+    assert not (tmp_path / "d").exists(), "nothing may be opened before settings are valid"
