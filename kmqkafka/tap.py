@@ -14,8 +14,9 @@ from twisted.python import usage
 from kmqkafka.config import ConfigError, Settings, load_settings, option_parameters
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.http import build_site
-from kmqkafka.kafka import api_versions
+from kmqkafka.kafka import admin, api_versions, cluster, configs, fetch, metadata, positions, produce
 from kmqkafka.kafka.context import Broker
+from kmqkafka.kafka.topics import TopicCatalog
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import ConnectionLimiter, KafkaFactory
 from kmqkafka.service import BrokerService, Listener, exit_cleanly_on_sigterm, exit_with
@@ -31,9 +32,13 @@ class Options(usage.Options):
     )
 
 
+HANDLER_AREAS = (api_versions, metadata, produce, fetch, positions, admin, configs, cluster)
+
+
 def register_handlers(dispatcher: Dispatcher) -> None:
-    """Register every Kafka API handler. Handler areas add their ``register`` call here."""
-    api_versions.register(dispatcher)
+    """Register every Kafka API handler: each area module has ``register(dispatcher)``."""
+    for area in HANDLER_AREAS:
+        area.register(dispatcher)
 
 
 def build_service(settings: Settings, reactor: Any, store: Any = None) -> BrokerService:
@@ -51,6 +56,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     broker = Broker(settings=settings, reactor=reactor, metrics=metrics, store=store)
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher
+    broker.extras["topics"] = TopicCatalog(store)
     register_handlers(dispatcher)
 
     listeners: list[Listener] = []

@@ -191,8 +191,8 @@ class KafkaProtocol(Protocol):
         try:
             header, used = entity_reader(request_type.__header_schema__)(frame, 0)
             request, body = entity_reader(request_type)(frame, used)
-            if used + body != len(frame):
-                raise SerialError(f"{len(frame) - used - body} bytes after the request body")
+            # Trailing bytes are ignored, as Apache Kafka does: librdkafka, for one, sends
+            # Metadata v12 bodies with fields the schema no longer has.
         except (SerialError, ValueError, TypeError, OverflowError) as e:
             self._violation("malformed_request", "malformed {api} v{version} request: {error}",
                             api=api_name(api_key), version=api_version, error=str(e))

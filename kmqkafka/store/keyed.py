@@ -242,7 +242,7 @@ class SnapshotLog:
         self._log = new_log
         self._generation = new_gen
         self._pointer_due = True
-        self.records_in_generation = 0
+        self.records_in_generation = count
 
     def prepare_flush(self) -> SnapshotFlushToken | None:
         """Token that makes appends so far durable (and switches a pending roll)."""

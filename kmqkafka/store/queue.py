@@ -363,7 +363,6 @@ class QueueChannel:
         """
         if visibility_ms <= 0:
             return self.nack(sequences, now_ms)
-        self.expire(now_ms)
         deadline = now_ms + visibility_ms
         done = [s for s in dict.fromkeys(sequences) if s in self._inflight]
         if not done:

@@ -1,0 +1,108 @@
+"""Metadata (key 3): brokers, cluster id, and topics with their partitions.
+
+Topics are auto-created here when the client allows it and the broker's
+``CONNECTORS_KAFKA_AUTO_CREATE_TOPICS`` is on; the response waits for the
+creation to be durable so the client sees a usable topic on its first try.
+Partition leader is this node (a one-member cluster); replicas and ISR are
+this node too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred, gatherResults, succeed
+
+from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.errors import KafkaError, error_code_for
+from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+
+API_KEY = 3
+MIN_VERSION = 0
+MAX_VERSION = 12
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def catalog(ctx: RequestContext) -> TopicCatalog:
+    return ctx.broker.extras["topics"]
+
+
+def handle(request: Any, ctx: RequestContext) -> Deferred:
+    broker = ctx.broker
+    topics = catalog(ctx)
+    auto_create = broker.settings.kafka_auto_create_topics and getattr(
+        request, "allow_auto_topic_creation", True
+    )
+    wanted = request.topics
+    if wanted is None or (ctx.api_version == 0 and not wanted):
+        entries: list[Deferred] = [succeed((t.name, t, None)) for t in topics.all()]
+    else:
+        entries = [_resolve(topics, t, auto_create) for t in wanted]
+    d = gatherResults(entries, consumeErrors=True)
+    return d.addCallback(_respond, ctx)
+
+
+def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
+    """(name, Topic or None, error) for one requested topic, creating it if allowed."""
+    name = getattr(req, "name", None)
+    topic_id = getattr(req, "topic_id", None)
+    if name is None and topic_id not in (None, _ZERO_UUID):
+        found = topics.by_id(topic_id)
+        if found is None:
+            return succeed((None, None, KafkaError(ErrorCode.unknown_topic_id)))
+        return succeed((found.name, found, None))
+    try:
+        validate_topic_name(name)
+    except KafkaError as exc:
+        return succeed((name, None, exc))
+    found = topics.get(name)
+    if found is not None:
+        return succeed((name, found, None))
+    if not auto_create:
+        return succeed((name, None, KafkaError(ErrorCode.unknown_topic_or_partition)))
+    d = topics.create(name)
+    d.addCallback(lambda created: (name, created, None))
+    # A concurrent create of the same name is not an error for Metadata.
+    d.addErrback(lambda f: (name, topics.get(name), None) if topics.get(name) is not None
+                 else (name, None, f.value))
+    return d
+
+
+def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
+             ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    me = identity.node_id(ctx.broker)
+    host, port = identity.advertised(ctx.broker, ctx.listener)
+    out = []
+    for name, topic, error in resolved:
+        if topic is None:
+            code = error_code_for(error) if error is not None else ErrorCode.unknown_topic_or_partition
+            out.append(make(t.MetadataResponseTopic, error_code=code, name=name,
+                            topic_id=_ZERO_UUID, is_internal=False, partitions=()))
+            continue
+        partitions = tuple(
+            make(t.MetadataResponsePartition, error_code=ErrorCode.none, partition_index=p,
+                 leader_id=me, leader_epoch=0, replica_nodes=(me,), isr_nodes=(me,),
+                 offline_replicas=())
+            for p in range(topic.partitions)
+        )
+        out.append(make(t.MetadataResponseTopic, error_code=ErrorCode.none, name=topic.name,
+                        topic_id=topic.topic_id, is_internal=False, partitions=partitions))
+    return make(
+        ctx.response_type,
+        throttle_time=NO_THROTTLE,
+        brokers=(make(t.MetadataResponseBroker, node_id=me, host=host, port=port, rack=None),),
+        cluster_id=identity.cluster_id(ctx.broker),
+        controller_id=me,
+        topics=tuple(out),
+        cluster_authorized_operations=-2147483648,
+    )
+
+
+def register(dispatcher: Dispatcher) -> None:
+    dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)
