@@ -1,7 +1,340 @@
-"""Placeholder: handlers of this area register here (being written)."""
+"""Topic administration: CreateTopics (19), DeleteTopics (20), DeleteRecords (21),
+CreatePartitions (37).
+
+Every handler answers per topic (or per partition): one bad entry never fails the
+request. Topic changes go through the ``TopicCatalog`` (``ctx.broker.extras["topics"]``),
+which raises ``KafkaError`` synchronously for bad input and returns a Deferred that
+fires once the change is durable. DeleteRecords goes to the store directly
+(Kafka offset = Sequence - 1).
+
+This broker is a one-member cluster: a replication factor above 1 cannot be met,
+and a manual assignment may only name this node.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from typing import Any, Callable
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
+from kmqkafka.kafka.configs import topic_config_entries
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.errors import KafkaError, error_code_for
+from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.names import channel_for
+
+log = Logger()
+
+CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS, CREATE_PARTITIONS = 19, 20, 21, 37
+_ZERO_UUID = uuid.UUID(int=0)
+
+Outcome = tuple[ErrorCode, "str | None", Any]
+"""(error code, error message, value on success) for one entry of a request."""
+
+
+def _catalog(ctx: RequestContext) -> TopicCatalog:
+    return ctx.broker.extras["topics"]
+
+
+def _outcome(work: Callable[[], Any]) -> Deferred:
+    """Run ``work`` (sync result, Deferred, or KafkaError raised) and fire with an Outcome."""
+    d = maybeDeferred(work)
+    d.addCallbacks(lambda value: (ErrorCode.none, None, value), _as_outcome)
+    return d
+
+
+def _as_outcome(failure: Failure) -> Outcome:
+    exc = failure.value
+    code = error_code_for(exc)
+    if code is ErrorCode.unknown_server_error:
+        log.failure("admin operation failed", failure)
+        return code, "Unexpected error; see the broker log", None
+    message = exc.message if isinstance(exc, KafkaError) else str(exc)
+    return code, message, None
+
+
+def _error(code: ErrorCode, message: str | None = None) -> Deferred:
+    return succeed((code, message, None))
+
+
+def _duplicates(names: list[Any]) -> set[Any]:
+    return {n for n, k in Counter(names).items() if k > 1}
+
+
+# --- CreateTopics -----------------------------------------------------------------------
+
+
+def create_topics(request: Any, ctx: RequestContext) -> Deferred:
+    """Create each topic; answers per topic with partitions, replication factor and configs
+    (v5+) and the topic id (v7+). ``validate_only`` reports the same outcome, changing nothing."""
+    topics = _catalog(ctx)
+    me = identity.node_id(ctx.broker)
+    dup = _duplicates([t.name for t in request.topics])
+    names: list[str] = []
+    work: list[Deferred] = []
+    for t in request.topics:
+        if t.name in names:
+            continue  # a duplicated name is answered once
+        names.append(t.name)
+        if t.name in dup:
+            work.append(_error(ErrorCode.invalid_request,
+                               f"Create topics request from client `{ctx.client_id}` contains "
+                               f"multiple entries for the following topics: {t.name}"))
+        else:
+            work.append(_outcome(lambda t=t: _create_one(topics, t, me, request.validate_only)))
+    d = gatherResults(work, consumeErrors=True)
+    return d.addCallback(lambda outcomes: _create_response(ctx, names, outcomes,
+                                                           request.validate_only))
+
+
+def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool) -> Deferred:
+    validate_topic_name(t.name)
+    if topics.get(t.name) is not None:
+        raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{t.name}' already exists.")
+    partitions = t.num_partitions
+    assignments = t.assignments or ()
+    if assignments:
+        if t.num_partitions != -1 or t.replication_factor != -1:
+            raise KafkaError(ErrorCode.invalid_request,
+                             "Both numPartitions or replicationFactor and replicasAssignments "
+                             "were set. Both cannot be used at the same time.")
+        partitions = _check_assignment(assignments, me)
+    elif t.replication_factor == 0 or t.replication_factor < -1:
+        raise KafkaError(ErrorCode.invalid_replication_factor,
+                         "Replication factor must be larger than 0, or -1 to use the default "
+                         "value.")
+    elif t.replication_factor > 1:
+        raise KafkaError(ErrorCode.invalid_replication_factor,
+                         f"Unable to replicate the partition {t.replication_factor} time(s): "
+                         f"The target replication factor of {t.replication_factor} cannot be "
+                         "reached because only 1 broker(s) are registered.")
+    nulls = [c.name for c in t.configs if c.value is None]
+    if nulls:
+        raise KafkaError(ErrorCode.invalid_config,
+                         f"Null value not supported for topic configs: {','.join(nulls)}")
+    configs = {c.name: c.value for c in t.configs}
+    return topics.create(t.name, partitions, configs, validate_only=validate_only)
+
+
+def _check_assignment(assignments: Any, me: int) -> int:
+    """Partition count of a manual assignment; it may only place one replica, on this node."""
+    indexes = sorted(a.partition_index for a in assignments)
+    if indexes != list(range(len(indexes))):
+        raise KafkaError(ErrorCode.invalid_replica_assignment,
+                         "Partitions should be consecutive and start at 0.")
+    for a in assignments:
+        if not a.broker_ids:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"Partition {a.partition_index} has no replicas.")
+        if any(b != me for b in a.broker_ids):
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"Partition {a.partition_index} names a broker that is not "
+                             f"registered: {list(a.broker_ids)} (this cluster has broker {me})")
+        if len(a.broker_ids) > 1:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"Partition {a.partition_index} lists broker {me} more than once.")
+    return len(indexes)
+
+
+def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outcome],
+                     validate_only: bool) -> Any:
+    t = types_of(ctx)
+    results = []
+    for name, (code, message, topic) in zip(names, outcomes):
+        if topic is None:
+            results.append(make(t.CreatableTopicResult, name=name, topic_id=_ZERO_UUID,
+                                error_code=code, error_message=message, num_partitions=-1,
+                                replication_factor=-1, configs=None))
+            continue
+        configs = None
+        if hasattr(t, "CreatableTopicConfigs"):  # v5+
+            configs = tuple(
+                make(t.CreatableTopicConfigs, name=e.name, value=e.value,
+                     read_only=e.read_only, config_source=e.source, is_sensitive=False)
+                for e in topic_config_entries(topic)
+            )
+        results.append(make(
+            t.CreatableTopicResult, name=name,
+            topic_id=_ZERO_UUID if validate_only else topic.topic_id,
+            error_code=ErrorCode.none, error_message=None, num_partitions=topic.partitions,
+            replication_factor=1, configs=configs))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
+
+
+# --- DeleteTopics -----------------------------------------------------------------------
+
+
+def delete_topics(request: Any, ctx: RequestContext) -> Deferred:
+    """Delete topics by name (all versions) or by topic id (v6+), answering per topic."""
+    topics = _catalog(ctx)
+    if hasattr(request, "topic_names"):
+        wanted = [(name, None) for name in request.topic_names]
+    else:
+        wanted = [(s.name, s.topic_id if s.topic_id != _ZERO_UUID else None)
+                  for s in request.topics]
+    dup_names = _duplicates([n for n, i in wanted if n is not None and i is None])
+    dup_ids = _duplicates([i for n, i in wanted if n is None and i is not None])
+    entries: list[tuple[str | None, uuid.UUID | None]] = []
+    work: list[Deferred] = []
+    for name, topic_id in wanted:
+        entries.append((name, topic_id))
+        if name is not None and topic_id is not None:
+            work.append(_error(ErrorCode.invalid_request,
+                               "You may not specify both topic name and topic id."))
+        elif name is None and topic_id is None:
+            work.append(_error(ErrorCode.invalid_request,
+                               "Neither topic name nor id were specified."))
+        elif name in dup_names:
+            work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))
+        elif topic_id in dup_ids:
+            work.append(_error(ErrorCode.invalid_request, "Duplicate topic id."))
+        else:
+            work.append(_outcome(lambda n=name, i=topic_id: _delete_one(topics, n, i)))
+    d = gatherResults(work, consumeErrors=True)
+    return d.addCallback(lambda outcomes: _delete_response(ctx, entries, outcomes))
+
+
+def _delete_one(topics: TopicCatalog, name: str | None, topic_id: uuid.UUID | None) -> Deferred:
+    if name is None:
+        found = topics.by_id(topic_id)
+        if found is None:
+            raise KafkaError(ErrorCode.unknown_topic_id,
+                             "This server does not host this topic ID.")
+        name = found.name
+    return topics.delete(name)
+
+
+def _delete_response(ctx: RequestContext, entries: list[tuple[str | None, uuid.UUID | None]],
+                     outcomes: list[Outcome]) -> Any:
+    t = types_of(ctx)
+    results = []
+    for (name, topic_id), (code, message, topic) in zip(entries, outcomes):
+        if topic is not None:
+            name, topic_id = topic.name, topic.topic_id
+        results.append(make(t.DeletableTopicResult, name=name, topic_id=topic_id or _ZERO_UUID,
+                            error_code=code, error_message=message))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, responses=tuple(results))
+
+
+# --- CreatePartitions -------------------------------------------------------------------
+
+
+def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
+    """Grow topics under the seed's increase-only rules (1..256; equal, smaller and > 256 are
+    INVALID_PARTITIONS with the seed's messages). Assignments, when given, must name one new
+    partition each, on this node. ``validate_only`` reports the same outcome, changing nothing."""
+    topics = _catalog(ctx)
+    me = identity.node_id(ctx.broker)
+    dup = _duplicates([t.name for t in request.topics])
+    names: list[str] = []
+    work = []
+    for t in request.topics:
+        if t.name in names:
+            continue  # a duplicated name is answered once
+        names.append(t.name)
+        if t.name in dup:
+            work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))
+        else:
+            work.append(_outcome(lambda t=t: _grow_one(topics, t, me, request.validate_only)))
+    d = gatherResults(work, consumeErrors=True)
+    return d.addCallback(lambda outcomes: _partitions_response(ctx, names, outcomes))
+
+
+def _grow_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool) -> Deferred:
+    current = topics.require(t.name).partitions
+    # The seed's count rules come first: checking them is what validate_only promises.
+    d = topics.add_partitions(t.name, t.count, validate_only=True)
+    if t.assignments is not None:
+        added = t.count - current
+        if len(t.assignments) != added:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"Attempted to add {added} additional partition(s), but only "
+                             f"{len(t.assignments)} assignment(s) were specified.")
+        for i, a in enumerate(t.assignments):
+            if list(a.broker_ids) != [me]:
+                raise KafkaError(ErrorCode.invalid_replica_assignment,
+                                 f"Partition {current + i} may only be placed on broker {me}; "
+                                 f"got {list(a.broker_ids)}")
+    if validate_only:
+        return d
+    return topics.add_partitions(t.name, t.count)
+
+
+def _partitions_response(ctx: RequestContext, names: list[str], outcomes: list[Outcome]) -> Any:
+    t = types_of(ctx)
+    results = tuple(
+        make(t.CreatePartitionsTopicResult, name=name, error_code=code, error_message=message)
+        for name, (code, message, _v) in zip(names, outcomes)
+    )
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, results=results)
+
+
+# --- DeleteRecords ----------------------------------------------------------------------
+
+
+def delete_records(request: Any, ctx: RequestContext) -> Deferred:
+    """Move each partition's log start up to the requested offset; answers the new low
+    watermark. Offset -1 means the high watermark; past it is OFFSET_OUT_OF_RANGE; a
+    compact-only topic is POLICY_VIOLATION, as in Kafka."""
+    topics = _catalog(ctx)
+    store = ctx.broker.store
+    shape: list[tuple[str, list[int]]] = []
+    work: list[Deferred] = []
+    for rt in request.topics:
+        topic = topics.get(rt.name)
+        indexes = []
+        for rp in rt.partitions:
+            indexes.append(rp.partition_index)
+            work.append(_outcome(lambda topic=topic, rp=rp: _truncate(store, topic, rp)))
+        shape.append((rt.name, indexes))
+    d = gatherResults(work, consumeErrors=True)
+    return d.addCallback(lambda outcomes: _records_response(ctx, shape, outcomes))
+
+
+def _truncate(store: Any, topic: Topic | None, rp: Any) -> Deferred:
+    if topic is None or not 0 <= rp.partition_index < topic.partitions:
+        raise KafkaError(ErrorCode.unknown_topic_or_partition)
+    channel = channel_for(topic.name, rp.partition_index)
+    if not store.config(channel).delete:
+        raise KafkaError(ErrorCode.policy_violation,
+                         f"Records of partition {topic.name}-{rp.partition_index} can not be "
+                         "deleted due to the configured policy")
+    bounds = store.bounds(channel)
+    high = bounds.high_watermark - 1  # Kafka offsets
+    offset = high if rp.offset == -1 else rp.offset
+    if offset < 0 or offset > high:
+        raise KafkaError(ErrorCode.offset_out_of_range)
+    if offset + 1 <= bounds.log_start:
+        return succeed(bounds.log_start - 1)  # already gone: nothing to do
+    return store.truncate_prefix(channel, offset + 1).addCallback(lambda start: start - 1)
+
+
+def _records_response(ctx: RequestContext, shape: list[tuple[str, list[int]]],
+                      outcomes: list[Outcome]) -> Any:
+    t = types_of(ctx)
+    it = iter(outcomes)
+    out = []
+    for name, indexes in shape:
+        parts = []
+        for index in indexes:
+            code, _message, low = next(it)
+            parts.append(make(t.DeleteRecordsPartitionResult, partition_index=index,
+                              low_watermark=-1 if low is None else low, error_code=code))
+        out.append(make(t.DeleteRecordsTopicResult, name=name, partitions=tuple(parts)))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register this area's handlers on ``dispatcher``."""
+    """Register CreateTopics, DeleteTopics, DeleteRecords and CreatePartitions."""
+    dispatcher.register(CREATE_TOPICS, create_topics, 2, 7)
+    dispatcher.register(DELETE_TOPICS, delete_topics, 1, 6)
+    dispatcher.register(DELETE_RECORDS, delete_records, 0, 2)
+    dispatcher.register(CREATE_PARTITIONS, create_partitions, 0, 3)

@@ -1,7 +1,189 @@
-"""Placeholder: handlers of this area register here (being written)."""
+"""Cluster views: DescribeCluster (60), DescribeTopicPartitions (75), DescribeLogDirs (35).
+
+This node is the whole cluster: the only broker, the controller, the leader and only
+replica of every partition. There is no authorizer yet, so authorized-operation
+bitfields, when asked for, list every operation Kafka defines for the resource.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from twisted.logger import Logger
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.topics import Topic, TopicCatalog
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.names import channel_for
+
+log = Logger()
+
+DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 35, 60, 75
+_ZERO_UUID = uuid.UUID(int=0)
+_NOT_REQUESTED = -2147483648
+ENDPOINT_BROKERS = 1
+MAX_PARTITION_LIMIT = 2000
+"""Kafka's ``max.request.partition.size.limit`` default: a response never holds more."""
+
+
+def _ops(*codes: int) -> int:
+    return sum(1 << c for c in codes)
+
+
+# AclOperation codes: READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7, DESCRIBE 8,
+# CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12,
+# CREATE_TOKENS 13, DESCRIBE_TOKENS 14.
+TOPIC_OPERATIONS = _ops(3, 4, 5, 6, 7, 8, 10, 11)
+CLUSTER_OPERATIONS = _ops(5, 7, 8, 9, 10, 11, 12, 13, 14)
+
+
+def _catalog(ctx: RequestContext) -> TopicCatalog:
+    return ctx.broker.extras["topics"]
+
+
+# --- DescribeCluster --------------------------------------------------------------------
+
+
+def describe_cluster(request: Any, ctx: RequestContext) -> Any:
+    """This broker, as broker and controller, with the cluster id."""
+    t = types_of(ctx)
+    endpoint_type = getattr(request, "endpoint_type", ENDPOINT_BROKERS)
+    if endpoint_type != ENDPOINT_BROKERS:
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.unsupported_endpoint_type,
+                    error_message="The broker does not support this endpoint type; it "
+                                  "serves only broker endpoints.",
+                    endpoint_type=endpoint_type, cluster_id=identity.cluster_id(ctx.broker),
+                    controller_id=-1, brokers=(), cluster_authorized_operations=_NOT_REQUESTED)
+    me = identity.node_id(ctx.broker)
+    host, port = identity.advertised(ctx.broker, ctx.listener)
+    ops = CLUSTER_OPERATIONS if request.include_cluster_authorized_operations else _NOT_REQUESTED
+    return make(
+        ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+        error_message=None, endpoint_type=ENDPOINT_BROKERS,
+        cluster_id=identity.cluster_id(ctx.broker), controller_id=me,
+        brokers=(make(t.DescribeClusterBroker, broker_id=me, host=host, port=port, rack=None,
+                      is_fenced=False),),
+        cluster_authorized_operations=ops,
+    )
+
+
+# --- DescribeTopicPartitions (KIP-966) --------------------------------------------------
+
+
+def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
+    """Topics in name order with their partitions, at most ``response_partition_limit``
+    (capped at 2000) partitions per response; ``next_cursor`` names the first partition left
+    out. An empty topic list means every topic."""
+    t = types_of(ctx)
+    topics = _catalog(ctx)
+    cursor = request.cursor
+    fetch_all = not request.topics
+    requested = sorted({rt.name for rt in request.topics})
+    if cursor is not None and (cursor.partition_index < 0 or
+                               (not fetch_all and cursor.topic_name not in requested)):
+        # Kafka fails the whole request: every topic answers INVALID_REQUEST.
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, next_cursor=None, topics=tuple(
+            make(t.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.invalid_request,
+                 name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=(),
+                 topic_authorized_operations=_NOT_REQUESTED)
+            for name in requested))
+    names = topics.names() if fetch_all else requested
+    start_index = 0
+    if cursor is not None:
+        names = [n for n in names if n >= cursor.topic_name]
+        if names and names[0] == cursor.topic_name:
+            start_index = cursor.partition_index
+    budget = max(1, min(request.response_partition_limit, MAX_PARTITION_LIMIT))
+    me = identity.node_id(ctx.broker)
+    out = []
+    next_cursor = None
+    for i, name in enumerate(names):
+        first = start_index if i == 0 else 0
+        topic = topics.get(name)
+        if topic is None:
+            out.append(make(t.DescribeTopicPartitionsResponseTopic,
+                            error_code=ErrorCode.unknown_topic_or_partition, name=name,
+                            topic_id=_ZERO_UUID, is_internal=False, partitions=(),
+                            topic_authorized_operations=_NOT_REQUESTED))
+            continue
+        if budget == 0:
+            next_cursor = make(t.Cursor, topic_name=name, partition_index=first)
+            break
+        last = min(topic.partitions, first + budget)
+        out.append(_topic_entry(t, topic, range(first, last), me))
+        budget -= last - first
+        if last < topic.partitions:
+            next_cursor = make(t.Cursor, topic_name=name, partition_index=last)
+            break
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out),
+                next_cursor=next_cursor)
+
+
+def _topic_entry(t: Any, topic: Topic, indexes: range, me: int) -> Any:
+    partitions = tuple(
+        make(t.DescribeTopicPartitionsResponsePartition, error_code=ErrorCode.none,
+             partition_index=p, leader_id=me, leader_epoch=0, replica_nodes=(me,),
+             isr_nodes=(me,), eligible_leader_replicas=(), last_known_elr=(),
+             offline_replicas=())
+        for p in indexes
+    )
+    return make(t.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.none,
+                name=topic.name, topic_id=topic.topic_id, is_internal=False,
+                partitions=partitions, topic_authorized_operations=TOPIC_OPERATIONS)
+
+
+# --- DescribeLogDirs --------------------------------------------------------------------
+
+
+def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
+    """One log dir (the store's data dir) with the size of each requested partition.
+
+    ``topics`` null means every topic; unknown topics and partitions are left out, as
+    Kafka does. Total and usable bytes come from one statvfs of the data dir.
+    """
+    t = types_of(ctx)
+    topics = _catalog(ctx)
+    store = ctx.broker.store
+    if request.topics is None:
+        wanted = [(topic, range(topic.partitions)) for topic in topics.all()]
+    else:
+        wanted = []
+        for rt in request.topics:
+            topic = topics.get(rt.topic)
+            if topic is not None:
+                wanted.append((topic, [p for p in rt.partitions if 0 <= p < topic.partitions]))
+    out = []
+    for topic, indexes in wanted:
+        parts = []
+        for p in indexes:
+            channel = store.machine.channels.get(channel_for(topic.name, p))
+            if channel is None:
+                continue
+            parts.append(make(t.DescribeLogDirsPartition, partition_index=p,
+                              partition_size=channel.size_bytes, offset_lag=0,
+                              is_future_key=False))
+        if parts:
+            out.append(make(t.DescribeLogDirsTopic, name=topic.name, partitions=tuple(parts)))
+    try:
+        usage = shutil.disk_usage(store.data_dir)
+        total, usable = usage.total, usage.free
+    except OSError:
+        total = usable = -1
+    result = make(t.DescribeLogDirsResult, error_code=ErrorCode.none,
+                  log_dir=str(store.data_dir.resolve()), topics=tuple(out), total_bytes=total,
+                  usable_bytes=usable, is_cordoned=False)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                results=(result,))
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register this area's handlers on ``dispatcher``."""
+    """Register DescribeCluster, DescribeTopicPartitions and DescribeLogDirs."""
+    dispatcher.register(DESCRIBE_LOG_DIRS, describe_log_dirs, 1, 5)
+    dispatcher.register(DESCRIBE_CLUSTER, describe_cluster, 0, 2)
+    dispatcher.register(DESCRIBE_TOPIC_PARTITIONS, describe_topic_partitions, 0, 0)

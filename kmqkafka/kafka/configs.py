@@ -1,7 +1,339 @@
-"""Placeholder: handlers of this area register here (being written)."""
+"""Configs: DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44).
+
+Topic resources are served in full from the ``TopicCatalog``: an explicitly set
+config is a DYNAMIC_TOPIC_CONFIG, anything else is the broker's DEFAULT_CONFIG.
+Changes go through ``TopicCatalog.set_configs``, which also rewrites the LogConfig
+of every partition's channel (retention, segment size, cleanup policy, max
+message size take effect on the store).
+
+Broker resources describe a read-only set taken from the daemon's settings
+(resource name ``""`` is the cluster-wide dynamic default, which is empty here);
+altering one answers INVALID_REQUEST, since broker settings come from the
+environment, options or the TOML file. Other resource types are INVALID_REQUEST.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.errors import KafkaError, error_code_for
+from kmqkafka.kafka.topics import TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+
+log = Logger()
+
+DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
+
+# ConfigResource.Type
+RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
+# ConfigSource
+SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
+# ConfigType
+BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
+# AlterConfigOp.OpType
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+
+_TOPIC_TYPES: dict[str, int] = {
+    "cleanup.policy": LIST, "compression.type": STRING, "index.interval.bytes": INT,
+    "max.message.bytes": INT, "message.timestamp.type": STRING,
+    "min.cleanable.dirty.ratio": DOUBLE, "min.insync.replicas": INT, "preallocate": BOOLEAN,
+    "segment.bytes": INT, "segment.index.bytes": INT, "unclean.leader.election.enable": BOOLEAN,
+    "message.downconversion.enable": BOOLEAN,
+}  # every other topic config is a LONG
+
+# Topic config -> the broker config that supplies its default (Kafka's synonym).
+_BROKER_SYNONYM: dict[str, str] = {
+    "cleanup.policy": "log.cleanup.policy",
+    "compression.type": "compression.type",
+    "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "flush.messages": "log.flush.interval.messages",
+    "flush.ms": "log.flush.interval.ms",
+    "index.interval.bytes": "log.index.interval.bytes",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "max.message.bytes": "message.max.bytes",
+    "message.timestamp.type": "log.message.timestamp.type",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "min.insync.replicas": "min.insync.replicas",
+    "preallocate": "log.preallocate",
+    "retention.bytes": "log.retention.bytes",
+    "retention.ms": "log.retention.ms",
+    "segment.bytes": "log.segment.bytes",
+    "segment.index.bytes": "log.index.size.max.bytes",
+    "segment.jitter.ms": "log.roll.jitter.ms",
+    "segment.ms": "log.roll.ms",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+    "message.downconversion.enable": "log.message.downconversion.enable",
+}
+
+_DOCS: dict[str, str] = {
+    "cleanup.policy": "delete, compact or both: how old segments of each partition's channel "
+                      "are cleaned.",
+    "retention.ms": "Longest time a segment is kept (the channel's MaxAge); -1 keeps forever.",
+    "retention.bytes": "Largest size of a partition before old segments go (the channel's "
+                       "MaxBytes); -1 means no limit.",
+    "segment.bytes": "Size at which a partition's channel rolls to a new segment.",
+    "segment.ms": "Age at which a partition's channel rolls to a new segment.",
+    "max.message.bytes": "Largest record batch a partition accepts.",
+    "delete.retention.ms": "How long tombstones survive compaction.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One described config, independent of the wire version."""
+
+    name: str
+    value: str | None
+    source: int
+    read_only: bool
+    config_type: int
+    synonyms: tuple[tuple[str, str | None, int], ...]
+    documentation: str | None
+
+
+def topic_config_entries(topic: Topic, names: Iterable[str] | None = None) -> list[ConfigEntry]:
+    """The topic's configs (all, or those of ``names`` that exist), in name order.
+
+    Synonyms list the topic override (if any) then the broker default, as Kafka does.
+    """
+    wanted = sorted(TOPIC_CONFIG_DEFAULTS) if names is None else list(dict.fromkeys(names))
+    out = []
+    for name in wanted:
+        default = TOPIC_CONFIG_DEFAULTS.get(name)
+        if default is None:
+            continue  # Kafka omits names it does not know
+        synonyms: list[tuple[str, str | None, int]] = []
+        if name in topic.configs:
+            value, source = topic.configs[name], SOURCE_DYNAMIC_TOPIC
+            synonyms.append((name, value, SOURCE_DYNAMIC_TOPIC))
+        else:
+            value, source = default, SOURCE_DEFAULT
+        synonyms.append((_BROKER_SYNONYM.get(name, name), default, SOURCE_DEFAULT))
+        out.append(ConfigEntry(name, value, source, False, _TOPIC_TYPES.get(name, LONG),
+                               tuple(synonyms), _DOCS.get(name)))
+    return out
+
+
+def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
+    """The read-only broker configs this daemon reports, in name order."""
+    s = ctx.broker.settings
+    host, port = identity.advertised(ctx.broker, "PLAINTEXT")
+    me = identity.node_id(ctx.broker)
+    listeners = f"PLAINTEXT://{s.kafka_bind_host}:{s.kafka_port}"
+    advertised = f"PLAINTEXT://{host}:{port}"
+    if s.kafka_tls_enable:
+        listeners += f",SSL://{s.kafka_bind_host}:{s.kafka_tls_port}"
+        advertised += f",SSL://{s.kafka_advertised_host}:{s.kafka_tls_port}"
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    values: dict[str, tuple[str, int, int]] = {
+        "advertised.listeners": (advertised, SOURCE_STATIC_BROKER, LIST),
+        "auto.create.topics.enable": (str(s.kafka_auto_create_topics).lower(),
+                                      SOURCE_STATIC_BROKER, BOOLEAN),
+        "broker.id": (str(me), SOURCE_STATIC_BROKER, INT),
+        "default.replication.factor": ("1", SOURCE_DEFAULT, INT),
+        "listeners": (listeners, SOURCE_STATIC_BROKER, LIST),
+        "log.dirs": (str(ctx.broker.settings.data_dir), SOURCE_STATIC_BROKER, STRING),
+        "max.connections": (str(s.kafka_max_connections), SOURCE_STATIC_BROKER, INT),
+        "node.id": (str(me), SOURCE_STATIC_BROKER, INT),
+        "num.partitions": (str(topics.default_partitions), SOURCE_DEFAULT, INT),
+        "offsets.topic.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
+        "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
+    }
+    values["message.max.bytes"] = (str(s.kafka_max_message_bytes), SOURCE_STATIC_BROKER, INT)
+    for topic_name, broker_name in _BROKER_SYNONYM.items():
+        if broker_name not in values:
+            values[broker_name] = (TOPIC_CONFIG_DEFAULTS[topic_name], SOURCE_DEFAULT,
+                                   _TOPIC_TYPES.get(topic_name, LONG))
+    return [ConfigEntry(name, value, source, True, kind, ((name, value, source),), None)
+            for name, (value, source, kind) in sorted(values.items())]
+
+
+
+# --- DescribeConfigs --------------------------------------------------------------------
+
+
+def describe_configs(request: Any, ctx: RequestContext) -> Any:
+    """Describe topic or broker resources; ``configuration_keys`` null means all."""
+    t = types_of(ctx)
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    synonyms = getattr(request, "include_synonyms", False)
+    docs = getattr(request, "include_documentation", False)
+    results = []
+    for res in request.resources:
+        try:
+            entries = _describe_resource(ctx, topics, res)
+        except KafkaError as exc:
+            results.append(make(t.DescribeConfigsResult, error_code=exc.code,
+                                error_message=exc.message, resource_type=res.resource_type,
+                                resource_name=res.resource_name, configs=()))
+            continue
+        configs = tuple(
+            make(t.DescribeConfigsResourceResult, name=e.name, value=e.value,
+                 read_only=e.read_only, config_source=e.source, is_sensitive=False,
+                 synonyms=tuple(make(t.DescribeConfigsSynonym, name=n, value=v, source=src)
+                                for n, v, src in e.synonyms) if synonyms else (),
+                 config_type=e.config_type, documentation=e.documentation if docs else None)
+            for e in entries
+        )
+        results.append(make(t.DescribeConfigsResult, error_code=ErrorCode.none,
+                            error_message=None, resource_type=res.resource_type,
+                            resource_name=res.resource_name, configs=configs))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, results=tuple(results))
+
+
+def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> list[ConfigEntry]:
+    keys = res.configuration_keys
+    if res.resource_type == RESOURCE_TOPIC:
+        validate_topic_name(res.resource_name)
+        topic = topics.get(res.resource_name)
+        if topic is None:
+            raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                             f"The topic '{res.resource_name}' does not exist.")
+        return topic_config_entries(topic, keys)
+    if res.resource_type == RESOURCE_BROKER:
+        if res.resource_name == "":
+            return []  # no dynamic cluster-wide defaults exist here
+        _check_broker(ctx, res.resource_name)
+        entries = broker_config_entries(ctx)
+        if keys is not None:
+            entries = [e for e in entries if e.name in set(keys)]
+        return entries
+    raise KafkaError(ErrorCode.invalid_request,
+                     f"Unsupported resource type: {res.resource_type}")
+
+
+def _check_broker(ctx: RequestContext, name: str) -> None:
+    me = identity.node_id(ctx.broker)
+    if name != str(me):
+        raise KafkaError(ErrorCode.invalid_request,
+                         f"Unexpected broker id, expected {me} or empty string, but received "
+                         f"{name}")
+
+
+# --- AlterConfigs and IncrementalAlterConfigs -------------------------------------------
+
+
+def alter_configs(request: Any, ctx: RequestContext) -> Deferred:
+    """Replace a topic's whole set of explicit configs (unnamed ones revert to defaults)."""
+    return _alter(request, ctx, incremental=False)
+
+
+def incremental_alter_configs(request: Any, ctx: RequestContext) -> Deferred:
+    """SET / DELETE / APPEND / SUBTRACT (the last two only for list configs) per topic."""
+    return _alter(request, ctx, incremental=True)
+
+
+def _alter(request: Any, ctx: RequestContext, *, incremental: bool) -> Deferred:
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    work = [
+        _outcome(lambda res=res: _alter_resource(ctx, topics, res, incremental,
+                                                 request.validate_only))
+        for res in request.resources
+    ]
+    d = gatherResults(work, consumeErrors=True)
+    return d.addCallback(lambda outcomes: _alter_response(ctx, request.resources, outcomes))
+
+
+def _outcome(work: Any) -> Deferred:
+    d = maybeDeferred(work)
+    d.addCallbacks(lambda _v: (ErrorCode.none, None), _as_outcome)
+    return d
+
+
+def _as_outcome(failure: Failure) -> tuple[ErrorCode, str | None]:
+    code = error_code_for(failure.value)
+    if code is ErrorCode.unknown_server_error:
+        log.failure("config change failed", failure)
+        return code, "Unexpected error; see the broker log"
+    exc = failure.value
+    return code, exc.message if isinstance(exc, KafkaError) else str(exc)
+
+
+def _alter_resource(ctx: RequestContext, topics: TopicCatalog, res: Any, incremental: bool,
+                    validate_only: bool) -> Deferred:
+    names = [c.name for c in res.configs]
+    if len(set(names)) != len(names):
+        raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+    if res.resource_type == RESOURCE_BROKER:
+        if res.resource_name != "":
+            _check_broker(ctx, res.resource_name)
+        raise KafkaError(ErrorCode.invalid_request,
+                         "Cannot update these configs dynamically: "
+                         f"{', '.join(sorted(names))} (broker settings are read-only here; set "
+                         "them in the environment, options or the TOML file)")
+    if res.resource_type != RESOURCE_TOPIC:
+        raise KafkaError(ErrorCode.invalid_request,
+                         f"Unsupported resource type: {res.resource_type}")
+    validate_topic_name(res.resource_name)
+    topic = topics.get(res.resource_name)
+    if topic is None:
+        raise KafkaError(ErrorCode.unknown_topic_or_partition,
+                         f"The topic '{res.resource_name}' does not exist.")
+    if not incremental:
+        wanted = {c.name: c.value for c in res.configs}
+        return topics.set_configs(topic.name, wanted, replace=True, validate_only=validate_only)
+    changes: dict[str, str | None] = {}
+    for c in res.configs:
+        op = c.config_operation
+        if op == OP_SET:
+            if c.value is None:
+                raise KafkaError(ErrorCode.invalid_request,
+                                 f"Null value not supported for : {c.name}")
+            changes[c.name] = c.value
+        elif op == OP_DELETE:
+            changes[c.name] = None
+        elif op in (OP_APPEND, OP_SUBTRACT):
+            if c.name not in TOPIC_CONFIG_DEFAULTS:
+                raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {c.name}")
+            if _TOPIC_TYPES.get(c.name, LONG) != LIST:
+                verb = "APPEND" if op == OP_APPEND else "SUBTRACT"
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Can't {verb} to key {c.name} because its type is not LIST.")
+            current = _parts(topic.config_value(c.name))
+            given = _parts(c.value)
+            if op == OP_APPEND:
+                current += [p for p in given if p not in current]
+            else:
+                current = [p for p in current if p not in given]
+            changes[c.name] = ",".join(current)
+        else:
+            raise KafkaError(ErrorCode.invalid_request, f"Unknown operation type {op}")
+    return topics.set_configs(topic.name, changes, replace=False, validate_only=validate_only)
+
+
+def _parts(value: str | None) -> list[str]:
+    return [p.strip() for p in (value or "").split(",") if p.strip()]
+
+
+def _alter_response(ctx: RequestContext, resources: Any,
+                    outcomes: list[tuple[ErrorCode, str | None]]) -> Any:
+    t = types_of(ctx)
+    out = tuple(
+        make(t.AlterConfigsResourceResponse, error_code=code, error_message=message,
+             resource_type=res.resource_type, resource_name=res.resource_name)
+        for res, (code, message) in zip(resources, outcomes)
+    )
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, responses=out)
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register this area's handlers on ``dispatcher``."""
+    """Register DescribeConfigs, AlterConfigs and IncrementalAlterConfigs."""
+    dispatcher.register(DESCRIBE_CONFIGS, describe_configs, 1, 4)
+    dispatcher.register(ALTER_CONFIGS, alter_configs, 0, 2)
+    dispatcher.register(INCREMENTAL_ALTER_CONFIGS, incremental_alter_configs, 0, 1)
+
+
+__all__ = ["ConfigEntry", "broker_config_entries", "register", "topic_config_entries"]

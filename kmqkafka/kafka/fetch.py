@@ -1,7 +1,289 @@
-"""Placeholder: handlers of this area register here (being written)."""
+"""Fetch (key 1, v4+): whole stored batches out, long-polled, with KIP-227 fetch sessions.
+
+For each wanted partition the handler reads stored RecordBatches from the channel of (topic,
+partition) starting at the batch that holds ``fetch_offset`` (offset = Sequence - 1) and returns
+them as they are on disk: no record is decoded, the batches of one partition are joined once.
+
+Limits (KIP-74): ``partition_max_bytes`` per partition and ``max_bytes`` for the response, except
+that the first partition with data always returns at least one whole batch, as Kafka does.
+Offsets: OFFSET_OUT_OF_RANGE when ``fetch_offset`` < log start offset or beyond the log end; a
+fetch at or past the high watermark (but not past the end) is answered empty, as Kafka does.
+
+Long poll: when fewer than ``min_bytes`` are ready (and no partition has an error) the request is
+parked on ``store.wait_any`` for every read partition until new durable data arrives or
+``max_wait`` passes, then re-read. Cancelling the returned Deferred (the connection went) cancels
+the parked wait. Leader epoch is always 0 on this single-leader node: a ``current_leader_epoch``
+above 0 is UNKNOWN_LEADER_EPOCH (the client knows a newer leader than we do).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Hashable
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.logger import Logger
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka.context import Broker, RequestContext
+from kmqkafka.kafka.errors import error_code_for
+from kmqkafka.kafka.fetch_sessions import FetchContext, SessionCache, Wanted
+from kmqkafka.kafka.topics import Topic, TopicCatalog
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.names import channel_for
+
+API_KEY = 1
+MIN_VERSION = 4
+MAX_VERSION = 18
+LEADER_EPOCH = 0
+SESSIONS_KEY = "fetch_sessions"
+
+log = Logger()
+
+# One partition's outcome: (key, error, high watermark, log start offset, batches, nbytes).
+_Result = tuple[tuple[Hashable, int], ErrorCode, int, int, list[memoryview], int]
+
+
+def session_cache(broker: Broker) -> SessionCache:
+    """The broker's fetch-session cache (``broker.extras["fetch_sessions"]``), made on first use."""
+    cache = broker.extras.get(SESSIONS_KEY)
+    if cache is None:
+        cache = broker.extras[SESSIONS_KEY] = SessionCache(rng=random.SystemRandom())
+    return cache
+
+
+def handle(request: Any, ctx: RequestContext) -> Any:
+    """Serve one Fetch; returns the response, or a Deferred of it when the fetch parks."""
+    version = ctx.api_version
+    uses_ids = version >= 13
+    requested: list[Wanted] = []
+    epoch_errors: dict[tuple[Hashable, int], ErrorCode] = {}
+    for t in request.topics:
+        topic_key = t.topic_id if uses_ids else t.topic
+        for p in t.partitions:
+            key = (topic_key, p.partition)
+            requested.append(Wanted(key, p.fetch_offset, p.partition_max_bytes))
+            current = getattr(p, "current_leader_epoch", -1)
+            if current > LEADER_EPOCH:
+                epoch_errors[key] = ErrorCode.unknown_leader_epoch
+            elif 0 <= current < LEADER_EPOCH:
+                epoch_errors[key] = ErrorCode.fenced_leader_epoch
+    sessions = version >= 7
+    forgotten: list[tuple[Hashable, int]] = []
+    if sessions:
+        for f in request.forgotten_topics_data:
+            topic_key = f.topic_id if uses_ids else f.topic
+            forgotten.extend((topic_key, p) for p in f.partitions)
+    fctx = session_cache(ctx.broker).new_context(
+        getattr(request, "session_id", 0),
+        getattr(request, "session_epoch", -1),
+        requested,
+        forgotten,
+        uses_topic_ids=uses_ids,
+        now=ctx.broker.reactor.seconds(),
+        sessions_supported=sessions,
+    )
+    if fctx.error is not ErrorCode.none:
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=fctx.error,
+                    session_id=0, responses=())
+    return _Fetch(request, ctx, fctx, epoch_errors).start()
+
+
+class _Fetch:
+    """One Fetch in progress: read, maybe park, re-read, answer."""
+
+    __slots__ = ("ctx", "fctx", "store", "catalog", "uses_ids", "min_bytes", "max_bytes",
+                 "deadline", "epoch_errors", "topics", "wait", "deferred")
+
+    def __init__(self, request: Any, ctx: RequestContext, fctx: FetchContext,
+                 epoch_errors: dict[tuple[Hashable, int], ErrorCode]) -> None:
+        broker = ctx.broker
+        self.ctx = ctx
+        self.fctx = fctx
+        self.store = broker.store
+        self.catalog: TopicCatalog = broker.extras["topics"]
+        self.uses_ids = ctx.api_version >= 13
+        self.min_bytes = request.min_bytes
+        self.max_bytes = request.max_bytes
+        self.deadline = broker.reactor.seconds() + max(0.0, request.max_wait.total_seconds())
+        self.epoch_errors = epoch_errors
+        self.topics: dict[Hashable, Topic | None] = {}
+        self.wait: Deferred | None = None
+        self.deferred: Deferred | None = None
+
+    def start(self) -> Any:
+        results, total, errors = self._read()
+        if self._satisfied(total, errors):
+            return self._respond(results)
+        self.deferred = Deferred(self._cancel)
+        self._park(results)
+        return self.deferred
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _topic(self, topic_key: Hashable) -> Topic | None:
+        try:
+            return self.topics[topic_key]
+        except KeyError:
+            pass
+        if self.uses_ids:
+            topic = self.catalog.by_id(topic_key) if topic_key is not None else None
+        else:
+            topic = self.catalog.get(topic_key) if topic_key else None
+        self.topics[topic_key] = topic
+        return topic
+
+    def _channel(self, key: tuple[Hashable, int]) -> str | None:
+        topic = self._topic(key[0])
+        p = key[1]
+        if topic is None or not 0 <= p < topic.partitions:
+            return None
+        return channel_for(topic.name, p)
+
+    def _read(self) -> tuple[list[_Result], int, bool]:
+        """Read every wanted partition once; returns (results, total bytes, any error)."""
+        store = self.store
+        results: list[_Result] = []
+        total = 0
+        errors = False
+        limit = self.max_bytes
+        missing = ErrorCode.unknown_topic_id if self.uses_ids else ErrorCode.unknown_topic_or_partition
+        for w in self.fctx.wanted:
+            key = w.key
+            code = self.epoch_errors.get(key)
+            if code is None:
+                channel = self._channel(key)
+                if channel is None:
+                    code = missing
+            if code is not None:
+                results.append((key, code, -1, -1, [], 0))
+                errors = True
+                continue
+            budget = min(w.max_bytes, limit - total)
+            try:
+                if budget <= 0 and total:
+                    b = store.bounds(channel)
+                    if not b.log_start <= w.fetch_offset + 1 <= b.next_sequence:
+                        raise _OutOfRange()
+                    results.append((key, ErrorCode.none, b.high_watermark - 1,
+                                    b.log_start - 1, [], 0))
+                    continue
+                rr = store.read(channel, w.fetch_offset + 1, max(budget, 0), min_one=not total)
+            except Exception as exc:
+                code = (ErrorCode.offset_out_of_range if isinstance(exc, _OutOfRange)
+                        else error_code_for(exc))
+                if code is ErrorCode.unknown_server_error:
+                    log.failure("fetch from {channel} failed", channel=channel)
+                results.append((key, code, -1, -1, [], 0))
+                errors = True
+                continue
+            total += rr.nbytes
+            results.append((key, ErrorCode.none, rr.high_watermark - 1, rr.log_start - 1,
+                            rr.batches, rr.nbytes))
+        return results, total, errors
+
+    def _satisfied(self, total: int, errors: bool) -> bool:
+        return (errors or total >= self.min_bytes or not self.fctx.wanted
+                or self.ctx.broker.reactor.seconds() >= self.deadline)
+
+    # -- parking ---------------------------------------------------------------------------
+
+    def _park(self, results: list[_Result]) -> None:
+        watches = []
+        wanted = {w.key: w for w in self.fctx.wanted}
+        for key, _code, hw, _start, _batches, _n in results:
+            channel = self._channel(key)
+            if channel is not None:
+                # Wake on anything durable past what was readable (hw is an offset).
+                watches.append((channel, max(wanted[key].fetch_offset + 1, hw + 1)))
+        remaining = self.deadline - self.ctx.broker.reactor.seconds()
+        self.wait = self.store.wait_any(watches, remaining)
+        self.wait.addCallbacks(self._woke, self._wait_failed)
+
+    def _woke(self, _ready: bool) -> None:
+        self.wait = None
+        if self.deferred is None or self.deferred.called:
+            return
+        try:
+            results, total, errors = self._read()
+            if self._satisfied(total, errors):
+                self.deferred.callback(self._respond(results))
+            else:
+                self._park(results)
+        except Exception:
+            self.fctx.done()
+            self.deferred.errback()
+
+    def _wait_failed(self, failure: Any) -> None:
+        self.wait = None
+        if failure.check(CancelledError):
+            return None
+        if self.deferred is not None and not self.deferred.called:
+            self.fctx.done()
+            self.deferred.errback(failure)
+        return None
+
+    def _cancel(self, _d: Deferred) -> None:
+        self.fctx.done()
+        wait, self.wait = self.wait, None
+        if wait is not None:
+            wait.cancel()
+
+    # -- answering -------------------------------------------------------------------------
+
+    def _respond(self, results: list[_Result]) -> Any:
+        ctx = self.ctx
+        t = types_of(ctx)
+        fctx = self.fctx
+        uses_ids = self.uses_ids
+        partition_cls = t.PartitionData
+        topic_cls = t.FetchableTopicResponse
+        full = fctx.session is None
+        metrics = ctx.broker.metrics.kafka_bytes_out
+        by_topic: dict[Hashable, list[Any]] = {}
+        for key, code, hw, start, batches, nbytes in results:
+            error = code is not ErrorCode.none
+            if not full and not fctx.include(key, error=error, has_records=nbytes > 0,
+                                              high_watermark=hw, log_start_offset=start,
+                                              last_stable_offset=hw):
+                continue
+            if not batches:
+                records: Any = b""
+            elif len(batches) == 1:
+                records = batches[0]
+            else:
+                records = b"".join(batches)
+            if nbytes:
+                topic = self._topic(key[0])
+                if topic is not None:
+                    metrics.labels(topic.name).inc(nbytes)
+            by_topic.setdefault(key[0], []).append(make(
+                partition_cls,
+                partition_index=key[1],
+                error_code=code,
+                high_watermark=hw,
+                last_stable_offset=hw,
+                log_start_offset=start,
+                aborted_transactions=None,
+                preferred_read_replica=-1,
+                records=records,
+            ))
+        fctx.done()
+        if uses_ids:
+            responses = tuple(topic_cls(topic_id=k, partitions=tuple(ps))
+                              for k, ps in by_topic.items())
+        else:
+            responses = tuple(topic_cls(topic=k, partitions=tuple(ps))
+                              for k, ps in by_topic.items())
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                    session_id=fctx.session_id, responses=responses)
+
+
+class _OutOfRange(Exception):
+    pass
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register this area's handlers on ``dispatcher``."""
+    """Register Fetch v4..v18 (clipped to what kio provides)."""
+    dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)

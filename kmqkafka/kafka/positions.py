@@ -1,7 +1,178 @@
-"""Placeholder: handlers of this area register here (being written)."""
+"""Positional questions about a partition: ListOffsets (key 2, v1+) and OffsetForLeaderEpoch (23).
 
+ListOffsets, per partition (offset = Sequence - 1, only durable data counts):
+
+* ``-2`` EARLIEST and ``-4`` EARLIEST_LOCAL → log start offset (timestamp -1);
+* ``-1`` LATEST → high watermark (timestamp -1);
+* ``-3`` MAX_TIMESTAMP → the record with the largest timestamp and that timestamp (-1/-1 when
+  the partition is empty);
+* ``-5`` LATEST_TIERED and ``-6`` EARLIEST_PENDING_UPLOAD → -1/-1 (there is no tiered storage);
+* a timestamp ``>= 0`` → the first record whose timestamp is at least it, with the record's own
+  timestamp; -1/-1 when there is none, as Kafka answers.
+
+READ_COMMITTED is answered like READ_UNCOMMITTED (no open transactions exist yet).
+
+The single node is leader at epoch 0 forever. A ``current_leader_epoch`` above 0 gets
+UNKNOWN_LEADER_EPOCH, one below 0 other than -1 (no check) gets FENCED_LEADER_EPOCH.
+OffsetForLeaderEpoch follows Kafka's epoch-cache lookup with one entry (epoch 0 from offset 0):
+epoch 0 → (0, high watermark); a higher epoch → (-1, -1); -1 → (-1, -1); a lower epoch → that
+epoch with end offset 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from kmqkafka import records
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.errors import error_code_for
+from kmqkafka.kafka.topics import TopicCatalog
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.names import channel_for
+
+LIST_OFFSETS = 2
+OFFSET_FOR_LEADER_EPOCH = 23
+LEADER_EPOCH = 0
+
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4
+LATEST_TIERED = -5
+EARLIEST_PENDING_UPLOAD = -6
+
+
+def _epoch_error(current: int) -> ErrorCode | None:
+    """Kafka's leader-epoch check of a request's ``current_leader_epoch`` against ours."""
+    if current == -1:
+        return None
+    if current > LEADER_EPOCH:
+        return ErrorCode.unknown_leader_epoch
+    if current < LEADER_EPOCH:
+        return ErrorCode.fenced_leader_epoch
+    return None
+
+
+def _channel(topics: TopicCatalog, name: str, partition: int) -> str | None:
+    topic = topics.get(name) if name else None
+    if topic is None or not 0 <= partition < topic.partitions:
+        return None
+    return channel_for(topic.name, partition)
+
+
+# --- ListOffsets ----------------------------------------------------------------------------
+
+
+def offset_for(store: Any, channel: str, timestamp: int) -> tuple[int, int]:
+    """(timestamp, offset) that ListOffsets answers for ``timestamp``; raises StoreError."""
+    b = store.bounds(channel)
+    hw = b.high_watermark  # Sequence of the first record not yet durable
+    if timestamp == LATEST:
+        return -1, hw - 1
+    if timestamp in (EARLIEST, EARLIEST_LOCAL):
+        return -1, b.log_start - 1
+    if timestamp in (LATEST_TIERED, EARLIEST_PENDING_UPLOAD):
+        return -1, -1
+    if timestamp == MAX_TIMESTAMP:
+        found = store.max_timestamp(channel)
+        if found is None or found[1] >= hw:
+            return -1, -1
+        return found[0], found[1] - 1
+    seq = store.sequence_for_timestamp(channel, max(timestamp, 0))
+    if seq is None or seq >= hw:
+        return -1, -1
+    return _record_timestamp(store, channel, seq), seq - 1
+
+
+def _record_timestamp(store: Any, channel: str, seq: int) -> int:
+    """Timestamp of the record at ``seq`` (decodes only the one batch holding it)."""
+    rr = store.read(channel, seq, 1)
+    for batch in rr.batches:
+        header = records.read_header(batch)
+        if header.attributes & records.TIMESTAMP_TYPE_LOG_APPEND:
+            return header.max_timestamp
+        for rec in records.iter_records(batch):
+            if rec.offset + 1 == seq:
+                return rec.timestamp
+    return -1
+
+
+def list_offsets(request: Any, ctx: RequestContext) -> Any:
+    """ListOffsets: per-partition answers, never failing the whole request."""
+    t = types_of(ctx)
+    store = ctx.broker.store
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    part_cls = t.ListOffsetsPartitionResponse
+    out = []
+    for topic in request.topics:
+        parts = []
+        seen: set[int] = set()
+        for p in topic.partitions:
+            index = p.partition_index
+            code: ErrorCode | None = _epoch_error(getattr(p, "current_leader_epoch", -1))
+            ts, offset = -1, -1
+            if index in seen:
+                code = ErrorCode.invalid_request
+            seen.add(index)
+            channel = _channel(topics, topic.name, index)
+            if code is None and channel is None:
+                code = ErrorCode.unknown_topic_or_partition
+            if code is None:
+                try:
+                    ts, offset = offset_for(store, channel, p.timestamp)
+                    code = ErrorCode.none
+                except Exception as exc:
+                    code = error_code_for(exc)
+            parts.append(make(part_cls, partition_index=index, error_code=code, timestamp=ts,
+                              offset=offset,
+                              leader_epoch=LEADER_EPOCH if offset >= 0 else -1))
+        out.append(make(t.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))
+
+
+# --- OffsetForLeaderEpoch -------------------------------------------------------------------
+
+
+def epoch_end(requested_epoch: int, high_watermark: int) -> tuple[int, int]:
+    """(epoch, end offset) for ``requested_epoch`` from a one-entry epoch cache (0 at offset 0)."""
+    if requested_epoch == -1 or requested_epoch > LEADER_EPOCH:
+        return -1, -1
+    if requested_epoch == LEADER_EPOCH:
+        return LEADER_EPOCH, high_watermark
+    return requested_epoch, 0
+
+
+def offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Any:
+    """OffsetForLeaderEpoch: end offset of the requested epoch, per partition."""
+    t = types_of(ctx)
+    store = ctx.broker.store
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    part_cls = t.EpochEndOffset
+    out = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            code = _epoch_error(p.current_leader_epoch)
+            epoch, end = -1, -1
+            channel = _channel(topics, topic.topic, p.partition)
+            if code is None and channel is None:
+                code = ErrorCode.unknown_topic_or_partition
+            if code is None:
+                try:
+                    epoch, end = epoch_end(p.leader_epoch, store.bounds(channel).high_watermark - 1)
+                    code = ErrorCode.none
+                except Exception as exc:
+                    code = error_code_for(exc)
+            parts.append(make(part_cls, error_code=code, partition=p.partition,
+                              leader_epoch=epoch, end_offset=end))
+        out.append(make(t.OffsetForLeaderTopicResult, topic=topic.topic, partitions=tuple(parts)))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register this area's handlers on ``dispatcher``."""
+    """Register ListOffsets v1..v11 and OffsetForLeaderEpoch v2..v4 (clipped to kio)."""
+    dispatcher.register(LIST_OFFSETS, list_offsets, 1, 11)
+    dispatcher.register(OFFSET_FOR_LEADER_EPOCH, offset_for_leader_epoch, 2, 4)

@@ -1,7 +1,250 @@
-"""Placeholder: handlers of this area register here (being written)."""
+"""Produce (key 0, v3+): client RecordBatches appended to their partition's channel as sent.
 
-from kmqkafka.dispatch import Dispatcher
+Per partition: the records blob must be one or more whole RecordBatch v2 (magic 2; older magic
+is UNSUPPORTED_FOR_MESSAGE_FORMAT), each with a good CRC (else CORRUPT_MESSAGE) and no larger than
+the topic's ``max.message.bytes`` when set, else ``CONNECTORS_KAFKA_MAX_MESSAGE_BYTES`` (else
+MESSAGE_TOO_LARGE). Every check runs before anything of that partition is appended, so a bad
+partition stores nothing and never fails the other partitions of the request. Records are never
+decoded: the only per-batch work is the header check, the CRC, and stamping the leader epoch
+(and, for LogAppendTime topics, the append time) into a copy of the batch as Kafka does.
+
+acks: 0 → no response; 1 → answered once the batches are in the page cache; -1 → once fsynced
+(group commit); anything else → INVALID_REQUIRED_ACKS on every partition.
+
+Ordering: appends are proposed synchronously in request order, so pipelined requests to one
+partition keep their order, including on the request that auto-creates the topic (the create
+command is applied before the first append is proposed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.logger import Logger
+
+from kmqkafka import records
+from kmqkafka.dispatch import NO_RESPONSE, Dispatcher
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.errors import KafkaError, error_code_for
+from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.names import channel_for
+
+API_KEY = 0
+MIN_VERSION = 3
+MAX_VERSION = 13
+LEADER_EPOCH = 0
+
+log = Logger()
+
+_MAX_TS = struct.Struct(">q")
+_ATTRS = struct.Struct(">h")
+_CRC = struct.Struct(">I")
+_UTC = datetime.timezone.utc
+
+# One partition's answer: (index, error, base offset, log start offset, append time ms, message).
+_Answer = tuple[int, ErrorCode, int, int, int, "str | None"]
+
+
+def handle(request: Any, ctx: RequestContext) -> Any:
+    """Serve one Produce; returns a Deferred of the response (or of NO_RESPONSE for acks=0)."""
+    acks = request.acks
+    uses_ids = ctx.api_version >= 13
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    per_topic: list[tuple[Any, Deferred]] = []
+    for td in request.topic_data:
+        topic_key = td.topic_id if uses_ids else td.name
+        if acks not in (0, 1, -1):
+            d = succeed([(p.index, ErrorCode.invalid_required_acks, -1, -1, -1, None)
+                         for p in td.partition_data])
+        else:
+            d = _produce_topic(ctx, topics, topic_key, td.partition_data, acks, uses_ids)
+        per_topic.append((topic_key, d))
+    d = gatherResults([d for _k, d in per_topic], consumeErrors=True)
+    if acks == 0:
+        return d.addCallback(lambda _r: NO_RESPONSE)
+    keys = [k for k, _d in per_topic]
+    return d.addCallback(_respond, keys, ctx)
+
+
+def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
+                   partitions: tuple[Any, ...], acks: int, uses_ids: bool) -> Deferred:
+    """Fires with the list of ``_Answer`` for one topic's partitions; never fails."""
+
+    def all_failed(code: ErrorCode, message: str | None = None) -> Deferred:
+        return succeed([(p.index, code, -1, -1, -1, message) for p in partitions])
+
+    if uses_ids:
+        topic = topics.by_id(topic_key) if topic_key is not None else None
+        if topic is None:
+            return all_failed(ErrorCode.unknown_topic_id)
+        return _produce_partitions(ctx, topic, partitions, acks)
+    try:
+        validate_topic_name(topic_key)
+    except KafkaError as exc:
+        return all_failed(exc.code, exc.message)
+    topic = topics.get(topic_key)
+    if topic is not None:
+        return _produce_partitions(ctx, topic, partitions, acks)
+    if not ctx.broker.settings.kafka_auto_create_topics:
+        return all_failed(ErrorCode.unknown_topic_or_partition)
+    try:
+        created = topics.create(topic_key)
+    except KafkaError as exc:
+        if exc.code is not ErrorCode.topic_already_exists:
+            return all_failed(exc.code, exc.message)
+        created = None
+    # The create command is applied at once; appending now keeps request order per partition.
+    topic = topics.get(topic_key)
+    if topic is not None:
+        d = _produce_partitions(ctx, topic, partitions, acks)
+        if created is not None:
+            # Answer only once the topic itself is durable as well.
+            d = gatherResults([created, d], consumeErrors=True).addCallback(lambda r: r[1])
+            d.addErrback(lambda f: [(p.index, error_code_for(f.value), -1, -1, -1, None)
+                                    for p in partitions])
+        return d
+    assert created is not None
+
+    def then(t: Topic) -> Deferred:
+        return _produce_partitions(ctx, t, partitions, acks)
+
+    created.addCallback(then)
+    created.addErrback(lambda f: [(p.index, error_code_for(f.value), -1, -1, -1, None)
+                                  for p in partitions])
+    return created
+
+
+def _limit(ctx: RequestContext, topic: Topic) -> int:
+    explicit = topic.configs.get("max.message.bytes")
+    if explicit is not None:
+        return int(explicit)
+    return ctx.broker.settings.kafka_max_message_bytes
+
+
+def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any, ...],
+                        acks: int) -> Deferred:
+    broker = ctx.broker
+    store = broker.store
+    limit = _limit(ctx, topic)
+    log_append = topic.config_value("message.timestamp.type") == "LogAppendTime"
+    durable = acks == -1
+    metric = broker.metrics.kafka_bytes_in
+    out: list[Deferred] = []
+    for p in partitions:
+        index = p.index
+        if not 0 <= index < topic.partitions:
+            out.append(succeed((index, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None)))
+            continue
+        blob = p.records
+        try:
+            batches = _check(blob, limit)
+        except KafkaError as exc:
+            out.append(succeed((index, exc.code, -1, -1, -1, exc.message)))
+            continue
+        channel = channel_for(topic.name, index)
+        now_ms = int(broker.reactor.seconds() * 1000) if log_append else -1
+        appends = [store.append_batch(channel, _stamp(blob, pos, size, now_ms), durable=durable)
+                   for pos, size in batches]
+        metric.labels(topic.name).inc(len(blob))
+        if len(appends) == 1:
+            d = appends[0]
+        else:
+            d = gatherResults(appends, consumeErrors=True).addCallback(lambda rs: rs[0])
+        d.addCallbacks(_appended, _append_failed, callbackArgs=(index, channel, store, now_ms),
+                       errbackArgs=(index, channel))
+        out.append(d)
+    return gatherResults(out, consumeErrors=True)
+
+
+def _check(blob: bytes | None, limit: int) -> list[tuple[int, int]]:
+    """(position, size) of every batch in ``blob``; raises KafkaError for the partition."""
+    if not blob:
+        raise KafkaError(ErrorCode.corrupt_message, "empty record set")
+    n = len(blob)
+    if n > 16 and blob[16] != records.MAGIC_V2:
+        raise KafkaError(ErrorCode.unsupported_for_message_format,
+                         f"Produce requests v3+ carry RecordBatch magic 2 only, got {blob[16]}")
+    if n < records.HEADER_SIZE:
+        raise KafkaError(ErrorCode.corrupt_message, "record set shorter than a batch header")
+    view = memoryview(blob)
+    out = []
+    pos = 0
+    while pos < n:
+        if n - pos > 16 and view[pos + 16] != records.MAGIC_V2:
+            raise KafkaError(ErrorCode.unsupported_for_message_format,
+                             "RecordBatch magic other than 2")
+        if n - pos >= 12:
+            size = records.batch_size_at(view, pos)
+            if size > limit:
+                raise KafkaError(ErrorCode.message_too_large,
+                                 f"batch of {size} bytes exceeds max.message.bytes {limit}")
+        try:
+            header = records.validate_batch(view, pos)
+        except records.InvalidBatch as exc:
+            raise KafkaError(error_code_for(exc), str(exc)) from None
+        except Exception as exc:  # struct.error on a truncated header
+            raise KafkaError(ErrorCode.corrupt_message, str(exc)) from None
+        if header.attributes & records.CONTROL_FLAG:
+            raise KafkaError(ErrorCode.invalid_record, "clients may not produce control batches")
+        out.append((pos, header.size))
+        pos += header.size
+    return out
+
+
+def _stamp(blob: bytes, pos: int, size: int, now_ms: int) -> bytearray:
+    """A copy of one batch with Kafka's broker-side stamps: leader epoch, LogAppendTime."""
+    buf = bytearray(memoryview(blob)[pos:pos + size])
+    records.set_partition_leader_epoch(buf, LEADER_EPOCH)
+    if now_ms >= 0:
+        (attrs,) = _ATTRS.unpack_from(buf, 21)
+        _ATTRS.pack_into(buf, 21, attrs | records.TIMESTAMP_TYPE_LOG_APPEND)
+        _MAX_TS.pack_into(buf, 35, now_ms)
+        _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
+    return buf
+
+
+def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:
+    b = store.bounds(channel)
+    return (index, ErrorCode.none, result.first_sequence - 1, b.log_start - 1, now_ms, None)
+
+
+def _append_failed(failure: Any, index: int, channel: str) -> _Answer:
+    exc = failure.value
+    inner = getattr(exc, "subFailure", None)  # FirstError from gatherResults
+    if inner is not None:
+        exc = inner.value
+    code = error_code_for(exc)
+    if code is ErrorCode.unknown_server_error:
+        log.failure("append to {channel} failed", failure, channel=channel)
+    return (index, code, -1, -1, -1, None)
+
+
+def _respond(per_topic: list[list[_Answer]], keys: list[Any], ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    uses_ids = ctx.api_version >= 13
+    part_cls = t.PartitionProduceResponse
+    topic_cls = t.TopicProduceResponse
+    out = []
+    for key, answers in zip(keys, per_topic):
+        parts = tuple(
+            make(part_cls, index=index, error_code=code, base_offset=base,
+                 log_append_time=(None if ts < 0 else
+                                  datetime.datetime.fromtimestamp(ts / 1000, _UTC)),
+                 log_start_offset=start, record_errors=(), error_message=message)
+            for index, code, base, start, ts, message in answers
+        )
+        if uses_ids:
+            out.append(topic_cls(topic_id=key, partition_responses=parts))
+        else:
+            out.append(topic_cls(name=key, partition_responses=parts))
+    return make(ctx.response_type, responses=tuple(out), throttle_time=NO_THROTTLE)
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register this area's handlers on ``dispatcher``."""
+    """Register Produce v3..v13 (clipped to what kio provides)."""
+    dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)

@@ -69,6 +69,17 @@ _INT_CONFIGS = {
     "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
 }
 
+# Lower bounds as Kafka's LogConfig states them (0 unless listed).
+_MINIMUMS = {
+    "retention.ms": -1, "retention.bytes": -1, "segment.bytes": 14, "segment.ms": 1,
+    "segment.index.bytes": 4, "min.insync.replicas": 1, "flush.messages": 1,
+    "max.compaction.lag.ms": 1,
+}
+_INT32_CONFIGS = {"index.interval.bytes", "max.message.bytes", "min.insync.replicas",
+                  "segment.bytes", "segment.index.bytes"}
+_INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
+
 _COMPRESSION_TYPES = {"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"}
 
 
@@ -122,16 +133,19 @@ def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
             value = TOPIC_CONFIG_DEFAULTS[name]
         if name in _INT_CONFIGS:
             try:
-                number = int(value)
+                number = int(value.strip())
             except ValueError:
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Invalid value {value} for configuration {name}: Not a number") from None
-            if number < -1 or (number == -1 and name not in ("retention.ms", "retention.bytes")):
+            lowest = _MINIMUMS.get(name, 0)
+            if number < lowest:
                 raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}")
-            if name == "segment.bytes" and number < 14:
+                                 f"Invalid value {value} for configuration {name}: "
+                                 f"Value must be at least {lowest}")
+            top = _INT32_MAX if name in _INT32_CONFIGS else _INT64_MAX
+            if number > top:
                 raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration segment.bytes: Value must be at least 14")
+                                 f"Invalid value {value} for configuration {name}: Not a number")
             field_name = _LOG_FIELDS.get(name)
             if field_name is not None:
                 changes[field_name] = None if number == -1 else number
@@ -149,6 +163,15 @@ def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
             if value not in ("CreateTime", "LogAppendTime"):
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Invalid value {value} for configuration message.timestamp.type")
+        elif name == "min.cleanable.dirty.ratio":
+            try:
+                ratio = float(value)
+            except ValueError:
+                ratio = -1.0
+            if not 0.0 <= ratio <= 1.0:
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration {name}: "
+                                 "Value must be between 0 and 1")
         elif name in ("preallocate", "unclean.leader.election.enable", "message.downconversion.enable"):
             if value.lower() not in ("true", "false"):
                 raise KafkaError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}")
@@ -167,7 +190,12 @@ _LOG_FIELDS = {
 
 
 def _all_log_changes(configs: Mapping[str, str]) -> dict[str, Any]:
-    """LogConfig for a topic's full config set (defaults filled in)."""
+    """LogConfig for a topic's full config set (defaults filled in).
+
+    The explicit set is validated on its own first: merging over the known names
+    alone would silently drop an unknown one.
+    """
+    validate_configs(configs)
     merged = {name: configs.get(name, default) for name, default in TOPIC_CONFIG_DEFAULTS.items()}
     return validate_configs(merged)
 
@@ -234,10 +262,12 @@ class TopicCatalog:
         if partitions > MAX_PARTITIONS:
             raise KafkaError(ErrorCode.invalid_partitions,
                              f"Count exceeds the maximum of {MAX_PARTITIONS}")
-        explicit = {k: v for k, v in (configs or {}).items() if v is not None}
-        log_changes = _all_log_changes(explicit)
+        # Kafka's order: an existing topic is reported before its configs are looked at.
         if self.get(name) is not None:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        self._check_collision(name)
+        explicit = {k: v for k, v in (configs or {}).items() if v is not None}
+        log_changes = _all_log_changes(explicit)
         topic = Topic(name, uuid.uuid4(), partitions, explicit)
         if validate_only:
             return _done(topic)
@@ -245,6 +275,16 @@ class TopicCatalog:
                 for p in range(partitions)]
         cmds.append(self._put(topic))
         return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: topic)
+
+    def _check_collision(self, name: str) -> None:
+        """Kafka refuses names equal to an existing one once '.' and '_' are identified."""
+        if "." not in name and "_" not in name:
+            return
+        folded = name.replace(".", "_")
+        for other in self.names():
+            if other != name and other.replace(".", "_") == folded:
+                raise KafkaError(ErrorCode.invalid_topic_exception,
+                                 f"Topic '{name}' collides with existing topic: {other}")
 
     def add_partitions(self, name: str, count: int, *, validate_only: bool = False) -> Deferred:
         """Grow a topic to ``count`` partitions under the seed's increase-only rules."""

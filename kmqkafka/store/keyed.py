@@ -43,7 +43,7 @@ from kmqkafka.records import NewRecord, Record
 from kmqkafka.store import fsutil, names
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore
-from kmqkafka.store.log import ChannelLog
+from kmqkafka.store.log import ChannelLog, FlushToken
 
 RESERVED_FAMILIES = ("offsets", "groups", "config", "txn")
 
@@ -115,7 +115,7 @@ class SnapshotFlushToken:
 
     def __init__(
         self,
-        parts: list[tuple[ChannelLog, object]],
+        parts: list[tuple[ChannelLog, FlushToken]],
         pointer: tuple[Path, bytes] | None,
     ) -> None:
         self.parts = parts
@@ -123,7 +123,7 @@ class SnapshotFlushToken:
 
     def run(self) -> None:
         for _log, token in self.parts:
-            token.run()  # type: ignore[attr-defined]
+            token.run()
         if self.pointer is not None:
             fsutil.write_atomic(*self.pointer)
 
@@ -246,7 +246,7 @@ class SnapshotLog:
 
     def prepare_flush(self) -> SnapshotFlushToken | None:
         """Token that makes appends so far durable (and switches a pending roll)."""
-        parts: list[tuple[ChannelLog, object]] = []
+        parts: list[tuple[ChannelLog, FlushToken]] = []
         token = self._log.prepare_flush()
         if token is not None:
             parts.append((self._log, token))
@@ -262,7 +262,7 @@ class SnapshotLog:
         """After ``token.run()``: advance durable ends; drop the old generation."""
         for log, t in token.parts:
             if log is self._log or log is self._retired:
-                log.complete_flush(t)  # type: ignore[arg-type]
+                log.complete_flush(t)
         if token.pointer is not None and self._retired is not None:
             retired, self._retired = self._retired, None
             _discard(retired)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import os
 import shutil
+import struct
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,11 @@ from kmqkafka.store.segment import (
     parse_base,
     scan_log,
     write_all,
+    write_batch_at_offset,
     write_index_parts,
 )
+
+_BASE_OFFSET = struct.Struct(">q")
 
 LOG_START_FILE = "log-start"
 _READ_FLOOR = 64 * 1024  # smallest pread, so tiny budgets still cover a few headers
@@ -280,9 +284,9 @@ class ChannelLog:
         header = records.validate_batch(batch)
         if header.size != len(batch):
             raise records.InvalidBatch("expected exactly one batch")
-        buf = bytearray(batch)
+        buf = memoryview(batch)
         first = self._next
-        records.set_base_offset(buf, first - 1)
+        base_offset = _BASE_OFFSET.pack(first - 1)
         active = self._active
         cfg = self._config
         if active.size and (
@@ -293,7 +297,7 @@ class ChannelLog:
             active = self._active
         pos = active.size
         try:
-            write_all(active.write_fd, buf)
+            write_batch_at_offset(active.write_fd, base_offset, buf)
         except BaseException:
             os.ftruncate(active.write_fd, pos)
             raise

@@ -46,7 +46,7 @@ from kmqkafka.records import NewRecord, Record
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore
 from kmqkafka.store.keyed import INTERNAL_LOG_CONFIG, SnapshotFlushToken, SnapshotLog
-from kmqkafka.store.log import ChannelLog
+from kmqkafka.store.log import ChannelLog, FlushToken
 
 VISIBLE = -1  # deadline of a delivered message that is not in flight
 
@@ -86,7 +86,7 @@ class QueueMessage:
 class QueueFlushToken:
     """One group-commit flush of a queue: messages first, then the state journal."""
 
-    def __init__(self, messages: object | None, state: SnapshotFlushToken | None,
+    def __init__(self, messages: FlushToken | None, state: SnapshotFlushToken | None,
                  floor: int) -> None:
         self.messages = messages
         self.state = state
@@ -95,7 +95,7 @@ class QueueFlushToken:
     def run(self) -> None:
         """fsync both logs (any thread)."""
         if self.messages is not None:
-            self.messages.run()  # type: ignore[attr-defined]
+            self.messages.run()
         if self.state is not None:
             self.state.run()
 
@@ -363,6 +363,7 @@ class QueueChannel:
         """
         if visibility_ms <= 0:
             return self.nack(sequences, now_ms)
+        self.expire(now_ms)
         deadline = now_ms + visibility_ms
         done = [s for s in dict.fromkeys(sequences) if s in self._inflight]
         if not done:
@@ -405,7 +406,7 @@ class QueueChannel:
     def complete_flush(self, token: QueueFlushToken) -> None:
         """After ``token.run()``: advance durable ends; drop messages below the durable floor."""
         if token.messages is not None:
-            self._messages.complete_flush(token.messages)  # type: ignore[arg-type]
+            self._messages.complete_flush(token.messages)
         if token.state is not None:
             self._state.complete_flush(token.state)
         # truncate_prefix writes a small checkpoint synchronously: do it in steps.

@@ -156,6 +156,16 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def write_batch_at_offset(fd: int, base_offset: bytes, batch: memoryview) -> None:
+    """Write ``batch`` with its first 8 bytes replaced by ``base_offset``, without a copy."""
+    done = os.writev(fd, (base_offset, batch[8:]))
+    if done < len(batch):
+        if done < 8:
+            write_all(fd, base_offset[done:])
+            done = 8
+        write_all(fd, batch[done:])
+
+
 class Segment:
     """One segment's state: a handful of numbers plus index handles, never per batch.
 

@@ -1,0 +1,147 @@
+"""KIP-227 fetch-session cache: session kinds, epochs, incremental selection, eviction."""
+from __future__ import annotations
+
+import random
+
+from kio.schema.errors import ErrorCode
+
+from kmqkafka.kafka.fetch_sessions import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    MAX_EPOCH,
+    SessionCache,
+    Wanted,
+    next_epoch,
+)
+
+A0 = ("a", 0)
+A1 = ("a", 1)
+B0 = ("b", 0)
+
+
+def cache(capacity: int = 10, evict_after_s: float = 120.0) -> SessionCache:
+    return SessionCache(capacity, evict_after_s, random.Random(7))
+
+
+def want(*keys: tuple[str, int], offset: int = 0) -> list[Wanted]:
+    return [Wanted(k, offset, 1024) for k in keys]
+
+
+def respond(ctx, key, *, hw: int, records: bool = False, error: bool = False) -> bool:
+    return ctx.include(key, error=error, has_records=records, high_watermark=hw,
+                       log_start_offset=0, last_stable_offset=hw)
+
+
+def test_sessionless_full_fetch_creates_nothing() -> None:
+    c = cache()
+    ctx = c.new_context(0, FINAL_EPOCH, want(A0, B0), [], uses_topic_ids=False, now=0)
+    assert ctx.session_id == 0 and ctx.session is None and len(c) == 0
+    assert [w.key for w in ctx.wanted] == [A0, B0]
+    assert respond(ctx, A0, hw=5) and respond(ctx, B0, hw=5)
+
+
+def test_initial_epoch_opens_a_session_answering_every_partition() -> None:
+    c = cache()
+    ctx = c.new_context(0, INITIAL_EPOCH, want(A0, B0), [], uses_topic_ids=False, now=0)
+    assert ctx.session_id != 0 and ctx.session_id in c and not ctx.incremental
+    assert respond(ctx, A0, hw=3) and respond(ctx, B0, hw=3)
+    assert c.get(ctx.session_id).epoch == 1
+
+
+def test_incremental_fetch_uses_cached_partitions_and_answers_only_news() -> None:
+    c = cache()
+    full = c.new_context(0, INITIAL_EPOCH, want(A0, B0), [], uses_topic_ids=False, now=0)
+    sid = full.session_id
+    respond(full, A0, hw=3)
+    respond(full, B0, hw=3)
+    # Nothing changed on the client side: no partitions in the request.
+    inc = c.new_context(sid, 1, [], [], uses_topic_ids=False, now=1)
+    assert inc.incremental and inc.error is ErrorCode.none
+    assert [w.key for w in inc.wanted] == [A0, B0]
+    assert not respond(inc, A0, hw=3)          # nothing new
+    assert respond(inc, B0, hw=4)              # high watermark moved
+    # The client moved its position on A0 only; B0 keeps its cached offset.
+    inc2 = c.new_context(sid, 2, want(A0, offset=3), [], uses_topic_ids=False, now=2)
+    offsets = {w.key: w.fetch_offset for w in inc2.wanted}
+    assert offsets == {A0: 3, B0: 0}
+    assert respond(inc2, A0, hw=3, records=True)  # data is always answered
+    assert not respond(inc2, B0, hw=4)
+
+
+def test_errors_are_always_answered_and_resent_once_cleared() -> None:
+    c = cache()
+    full = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)
+    respond(full, A0, hw=3)
+    inc = c.new_context(full.session_id, 1, [], [], uses_topic_ids=False, now=1)
+    assert respond(inc, A0, hw=-1, error=True)
+    inc = c.new_context(full.session_id, 2, [], [], uses_topic_ids=False, now=2)
+    assert respond(inc, A0, hw=3)  # error went away: same hw as before, still re-sent
+
+
+def test_forgotten_partitions_leave_the_session_and_new_ones_join() -> None:
+    c = cache()
+    full = c.new_context(0, INITIAL_EPOCH, want(A0, A1), [], uses_topic_ids=False, now=0)
+    inc = c.new_context(full.session_id, 1, want(B0), [A1], uses_topic_ids=False, now=1)
+    assert [w.key for w in inc.wanted] == [A0, B0]
+
+
+def test_unknown_session_and_wrong_epoch_are_top_level_errors() -> None:
+    c = cache()
+    ctx = c.new_context(12345, 1, [], [], uses_topic_ids=False, now=0)
+    assert ctx.error is ErrorCode.fetch_session_id_not_found and ctx.session_id == 0
+    full = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)
+    bad = c.new_context(full.session_id, 5, [], [], uses_topic_ids=False, now=1)
+    assert bad.error is ErrorCode.invalid_fetch_session_epoch and bad.wanted == []
+    # A wrong epoch does not consume the expected one.
+    ok = c.new_context(full.session_id, 1, [], [], uses_topic_ids=False, now=1)
+    assert ok.error is ErrorCode.none
+
+
+def test_topic_id_mismatch_between_session_and_request() -> None:
+    c = cache()
+    full = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=True, now=0)
+    ctx = c.new_context(full.session_id, 1, [], [], uses_topic_ids=False, now=1)
+    assert ctx.error is ErrorCode.fetch_session_topic_id_error
+
+
+def test_full_fetch_with_a_session_id_closes_it() -> None:
+    c = cache()
+    first = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)
+    again = c.new_context(first.session_id, INITIAL_EPOCH, want(B0), [], uses_topic_ids=False,
+                          now=1)
+    assert first.session_id not in c and again.session_id in c
+    closed = c.new_context(again.session_id, FINAL_EPOCH, want(B0), [], uses_topic_ids=False,
+                           now=2)
+    assert closed.session_id == 0 and len(c) == 0
+
+
+def test_full_cache_evicts_only_stale_sessions() -> None:
+    c = cache(capacity=2, evict_after_s=10)
+    s1 = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)
+    s1.done()
+    s2 = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=5)
+    s2.done()
+    refused = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=6)
+    assert refused.session_id == 0 and len(c) == 2  # served sessionless
+    s3 = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=11)
+    assert s3.session_id != 0 and s1.session_id not in c and s2.session_id in c
+
+
+def test_using_a_session_protects_it_from_eviction() -> None:
+    c = cache(capacity=1, evict_after_s=10)
+    s1 = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)
+    s1.done()
+    c.new_context(s1.session_id, 1, [], [], uses_topic_ids=False, now=9).done()
+    refused = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=15)
+    assert refused.session_id == 0 and s1.session_id in c
+
+
+def test_epoch_wraps_to_one() -> None:
+    assert next_epoch(1) == 2 and next_epoch(MAX_EPOCH) == 1
+
+
+def test_below_v7_there_are_no_sessions() -> None:
+    c = cache()
+    ctx = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0,
+                        sessions_supported=False)
+    assert ctx.session_id == 0 and len(c) == 0

@@ -1,0 +1,469 @@
+"""Produce, Fetch, ListOffsets and OffsetForLeaderEpoch over a raw socket against a real daemon.
+
+Requests are encoded with kio exactly as a client would send them, so every per-partition error
+path (bad CRC, old magic, oversize batch, unknown partition, bad topic name, bad acks) and every
+Fetch rule (limits, offsets out of range, long poll, sessions) is checked on the wire.
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import socket
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import BrokerProcess, start_broker
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+from kmqkafka import records
+from kmqkafka.records import NewRecord, build_batch
+
+MAX_MESSAGE_BYTES = 64 * 1024
+E = ErrorCode
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = start_broker(tmp_path_factory.mktemp("pf"),
+                     env={"CONNECTORS_KAFKA_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES)})
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+class Raw:
+    """A minimal Kafka client: kio-encoded requests, one at a time (or pipelined by hand)."""
+
+    def __init__(self, broker: BrokerProcess) -> None:
+        self.sock = socket.create_connection((broker.host, broker.kafka_port), timeout=10)
+        self.correlation = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, api_key: int, version: int, **fields: Any) -> int:
+        cls = load_request_schema(api_key, version)
+        request = _build(cls, fields)
+        header_cls = cls.__header_schema__
+        self.correlation += 1
+        buf = io.BytesIO()
+        entity_writer(header_cls)(buf, header_cls(
+            request_api_key=api_key, request_api_version=version,
+            correlation_id=self.correlation, client_id="raw-test"))
+        entity_writer(cls)(buf, request)
+        body = buf.getvalue()
+        self.sock.sendall(struct.pack(">i", len(body)) + body)
+        return self.correlation
+
+    def receive(self, api_key: int, version: int) -> tuple[int, Any]:
+        size = struct.unpack(">i", self._exactly(4))[0]
+        frame = self._exactly(size)
+        cls = load_response_schema(api_key, version)
+        header, used = entity_reader(cls.__header_schema__)(frame, 0)
+        response, _ = entity_reader(cls)(frame, used)
+        return header.correlation_id, response
+
+    def call(self, api_key: int, version: int, **fields: Any) -> Any:
+        sent = self.send(api_key, version, **fields)
+        got, response = self.receive(api_key, version)
+        assert got == sent
+        return response
+
+    def _exactly(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return bytes(out)
+
+
+def _build(cls: type, fields: dict[str, Any]) -> Any:
+    """Instantiate a kio class from plain values, nested dicts becoming the nested classes."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in fields.items():
+        if name not in cls.__dataclass_fields__:
+            continue
+        tp = hints[name]
+        if isinstance(value, list):
+            inner = typing.get_args(tp)[0]
+            value = tuple(_build(inner, v) if isinstance(v, dict) else v for v in value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+@pytest.fixture
+def raw(broker: BrokerProcess) -> Iterator[Raw]:
+    r = Raw(broker)
+    yield r
+    r.close()
+
+
+def batch(n: int = 1, *, value_size: int = 10, ts: int = 1_700_000_000_000,
+          compression: int = records.COMPRESSION_NONE) -> bytes:
+    return build_batch([NewRecord(value=b"v" * value_size, key=b"k%d" % i, timestamp=ts + i)
+                        for i in range(n)], now_ms=ts, compression=compression)
+
+
+def produce(raw: Raw, topic: str, parts: dict[int, bytes | None], *, version: int = 9,
+            acks: int = -1) -> dict[int, Any]:
+    response = raw.call(0, version, transactional_id=None, acks=acks,
+                        timeout=datetime.timedelta(seconds=5),
+                        topic_data=[{"name": topic, "partition_data": [
+                            {"index": p, "records": r} for p, r in parts.items()]}])
+    (t,) = response.responses
+    assert t.name == topic
+    return {p.index: p for p in t.partition_responses}
+
+
+def fetch(raw: Raw, topic: str, offsets: dict[int, int], *, version: int = 11,
+          max_wait_ms: int = 0, min_bytes: int = 1, max_bytes: int = 50 << 20,
+          partition_max_bytes: int = 1 << 20, session_id: int = 0, session_epoch: int = -1,
+          topic_id: uuid.UUID | None = None) -> Any:
+    partitions = [{"partition": p, "fetch_offset": o, "partition_max_bytes": partition_max_bytes,
+                   "current_leader_epoch": -1, "last_fetched_epoch": -1, "log_start_offset": -1}
+                  for p, o in offsets.items()]
+    topics = [{"topic": topic, "topic_id": topic_id, "partitions": partitions}] if offsets else []
+    return raw.call(1, version, replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms),
+                    min_bytes=min_bytes, max_bytes=max_bytes, isolation_level=0,
+                    session_id=session_id, session_epoch=session_epoch, topics=topics,
+                    forgotten_topics_data=[], rack_id="")
+
+
+def parts_of(response: Any) -> dict[int, Any]:
+    return {p.partition_index: p for t in response.responses for p in t.partitions}
+
+
+def list_offsets(raw: Raw, topic: str, timestamps: dict[int, int], version: int = 7) -> dict[int, Any]:
+    response = raw.call(2, version, replica_id=-1, isolation_level=0, topics=[
+        {"name": topic, "partitions": [{"partition_index": p, "timestamp": ts,
+                                        "current_leader_epoch": -1}
+                                       for p, ts in timestamps.items()]}],
+        timeout=datetime.timedelta(seconds=1))
+    return {p.partition_index: p for t in response.topics for p in t.partitions}
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+# --- Produce ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 12])
+def test_produce_assigns_dense_offsets_and_fetch_returns_the_stored_bytes(raw: Raw,
+                                                                           version: int) -> None:
+    topic = unique("dense")
+    sent = [batch(3), batch(2, compression=records.COMPRESSION_GZIP), batch(1)]
+    bases = [produce(raw, topic, {0: b}, version=version)[0] for b in sent]
+    assert [(r.error_code, r.base_offset) for r in bases] == [(E.none, 0), (E.none, 3),
+                                                              (E.none, 5)]
+    assert all(r.log_start_offset == 0 for r in bases if version >= 5)
+    (p,) = parts_of(fetch(raw, topic, {0: 0})).values()
+    assert p.error_code is E.none and p.high_watermark == 6 and p.log_start_offset == 0
+    assert p.last_stable_offset == 6 and p.aborted_transactions is None
+    # Stored as sent, except the base offset and the leader epoch (0) the broker stamps.
+    expected = b""
+    for base, b in zip((0, 3, 5), sent):
+        copy = bytearray(b)
+        records.set_base_offset(copy, base)
+        records.set_partition_leader_epoch(copy, 0)
+        expected += bytes(copy)
+    assert bytes(p.records) == expected
+
+
+def test_several_batches_in_one_records_blob_are_appended_in_order(raw: Raw) -> None:
+    topic = unique("multi")
+    (r,) = produce(raw, topic, {0: batch(2) + batch(3) + batch(1)}).values()
+    assert r.error_code is E.none and r.base_offset == 0
+    offsets = list_offsets(raw, topic, {0: -1})
+    assert offsets[0].offset == 6
+
+
+def test_one_bad_partition_never_fails_the_others(raw: Raw) -> None:
+    topic = unique("mixed")
+    produce(raw, topic, {0: batch()})  # auto-create (one partition)
+    corrupt = bytearray(batch())
+    corrupt[-1] ^= 0xFF
+    old_magic = bytearray(batch())
+    old_magic[16] = 1
+    answers = produce(raw, topic, {0: bytes(corrupt), 1: batch(), 7: batch()})
+    assert answers[0].error_code is E.corrupt_message
+    assert answers[1].error_code is E.unknown_topic_or_partition
+    assert answers[7].error_code is E.unknown_topic_or_partition
+    answers = produce(raw, topic, {0: bytes(old_magic)})
+    assert answers[0].error_code is E.unsupported_for_message_format
+    answers = produce(raw, topic, {0: batch() + bytes(corrupt)})
+    assert answers[0].error_code is E.corrupt_message  # nothing of that partition stored
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 1
+    answers = produce(raw, topic, {0: batch()})
+    assert answers[0].error_code is E.none and answers[0].base_offset == 1
+
+
+def test_topic_name_with_tilde_is_invalid(raw: Raw) -> None:
+    answers = produce(raw, "a~b", {0: batch()})
+    assert answers[0].error_code is E.invalid_topic_exception
+
+
+def test_message_size_limit_on_both_sides(raw: Raw) -> None:
+    topic = unique("size")
+    overhead = len(batch(1, value_size=0))
+    exact = batch(1, value_size=MAX_MESSAGE_BYTES - overhead)
+    while len(exact) > MAX_MESSAGE_BYTES:  # varint lengths grow with the value
+        exact = batch(1, value_size=MAX_MESSAGE_BYTES - overhead - (len(exact) - MAX_MESSAGE_BYTES))
+    assert len(exact) == MAX_MESSAGE_BYTES
+    over = batch(1, value_size=MAX_MESSAGE_BYTES - overhead + 1)
+    assert len(over) == MAX_MESSAGE_BYTES + 1
+    assert produce(raw, topic, {0: exact})[0].error_code is E.none
+    assert produce(raw, topic, {0: over})[0].error_code is E.message_too_large
+
+
+def test_acks_zero_has_no_response_and_bad_acks_are_refused(raw: Raw) -> None:
+    topic = unique("acks")
+    raw.send(0, 9, transactional_id=None, acks=0, timeout=datetime.timedelta(seconds=5),
+             topic_data=[{"name": topic, "partition_data": [{"index": 0, "records": batch()}]}])
+    answers = produce(raw, topic, {0: batch()}, acks=1)  # the next response is this one's
+    assert answers[0].error_code is E.none and answers[0].base_offset == 1
+    assert produce(raw, topic, {0: batch()}, acks=2)[0].error_code is E.invalid_required_acks
+
+
+def test_produce_v13_addresses_topics_by_id(raw: Raw) -> None:
+    topic = unique("byid")
+    produce(raw, topic, {0: batch()})
+    meta = raw.call(3, 12, topics=[{"name": topic, "topic_id": uuid.UUID(int=0)}],
+                    allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    topic_id = meta.topics[0].topic_id
+    response = raw.call(0, 13, transactional_id=None, acks=-1,
+                        timeout=datetime.timedelta(seconds=5), topic_data=[
+                            {"topic_id": topic_id,
+                             "partition_data": [{"index": 0, "records": batch()}]},
+                            {"topic_id": uuid.uuid4(),
+                             "partition_data": [{"index": 0, "records": batch()}]}])
+    ok, missing = response.responses
+    assert ok.topic_id == topic_id and ok.partition_responses[0].base_offset == 1
+    assert missing.partition_responses[0].error_code is E.unknown_topic_id
+    got = fetch(raw, topic, {0: 1}, version=17, topic_id=topic_id)
+    assert got.responses[0].topic_id == topic_id
+    assert parts_of(got)[0].high_watermark == 2
+
+
+# --- Fetch ------------------------------------------------------------------------------------
+
+
+def test_fetch_offsets_out_of_range_and_at_the_end(raw: Raw) -> None:
+    topic = unique("range")
+    produce(raw, topic, {0: batch(3)})
+    assert parts_of(fetch(raw, topic, {0: 4}))[0].error_code is E.offset_out_of_range
+    assert parts_of(fetch(raw, topic, {0: -1}))[0].error_code is E.offset_out_of_range
+    at_end = parts_of(fetch(raw, topic, {0: 3}))[0]
+    assert at_end.error_code is E.none and at_end.high_watermark == 3 and not at_end.records
+    middle = parts_of(fetch(raw, topic, {0: 1}))[0]
+    # The whole batch holding offset 1 comes back; the client skips the records before it.
+    assert records.read_header(middle.records).base_offset == 0
+    unknown = parts_of(fetch(raw, unique("nope"), {0: 0}))[0]
+    assert unknown.error_code is E.unknown_topic_or_partition
+    assert parts_of(fetch(raw, topic, {3: 0}))[3].error_code is E.unknown_topic_or_partition
+
+
+def test_fetch_limits_return_at_least_one_batch_for_the_first_partition_only(raw: Raw) -> None:
+    a, b = unique("lim-a"), unique("lim-b")
+    big = batch(1, value_size=4000)
+    produce(raw, a, {0: big})
+    produce(raw, a, {0: batch()})
+    produce(raw, b, {0: big})
+    resp = raw.call(1, 11, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=1,
+                    max_bytes=1000, isolation_level=0, session_id=0, session_epoch=-1,
+                    topics=[{"topic": t, "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 100,
+                         "current_leader_epoch": -1, "log_start_offset": -1}]} for t in (a, b)],
+                    forgotten_topics_data=[], rack_id="")
+    first, second = (t.partitions[0] for t in resp.responses)
+    assert len(first.records) == len(big)  # one whole batch despite both limits
+    assert second.error_code is E.none and len(second.records) == 0
+    assert second.high_watermark == 1
+    # Within limits: both batches of `a` fit in partition_max_bytes.
+    both = parts_of(fetch(raw, a, {0: 0}, partition_max_bytes=len(big) + 200))[0]
+    assert len(both.records) == len(big) + len(batch())
+    only = parts_of(fetch(raw, a, {0: 0}, partition_max_bytes=len(big) + 10))[0]
+    assert len(only.records) == len(big)
+
+
+def test_idle_long_poll_returns_after_max_wait(raw: Raw) -> None:
+    topic = unique("idle")
+    produce(raw, topic, {0: batch()})
+    started = time.monotonic()
+    p = parts_of(fetch(raw, topic, {0: 1}, max_wait_ms=300))[0]
+    elapsed = time.monotonic() - started
+    assert p.error_code is E.none and not p.records
+    assert 0.28 <= elapsed < 0.6, elapsed
+
+
+def test_parked_fetch_wakes_as_soon_as_data_arrives(broker: BrokerProcess, raw: Raw) -> None:
+    topic = unique("wake")
+    produce(raw, topic, {0: batch()})
+    producer = Raw(broker)
+    try:
+        latencies = []
+        for i in range(20):
+            raw.send(1, 11, replica_id=-1, max_wait=datetime.timedelta(seconds=5), min_bytes=1,
+                     max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                     topics=[{"topic": topic, "partitions": [
+                         {"partition": 0, "fetch_offset": 1 + i, "partition_max_bytes": 1 << 20,
+                          "current_leader_epoch": -1, "log_start_offset": -1}]}],
+                     forgotten_topics_data=[], rack_id="")
+            time.sleep(0.02)  # let the fetch park
+            started = time.monotonic()
+            produce(producer, topic, {0: batch()}, acks=1)
+            _corr, resp = raw.receive(1, 11)
+            latencies.append(time.monotonic() - started)
+            assert parts_of(resp)[0].records
+        latencies.sort()
+        print(f"fetch wake latency p50={latencies[10] * 1000:.2f}ms "
+              f"max={latencies[-1] * 1000:.2f}ms")
+        assert latencies[10] < 0.05 and latencies[-1] < 0.5
+    finally:
+        producer.close()
+
+
+def test_closing_the_connection_cancels_the_parked_fetch(broker: BrokerProcess) -> None:
+    topic = unique("gone")
+    r = Raw(broker)
+    produce(r, topic, {0: batch()})
+    r.send(1, 11, replica_id=-1, max_wait=datetime.timedelta(seconds=20), min_bytes=1,
+           max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+           topics=[{"topic": topic, "partitions": [
+               {"partition": 0, "fetch_offset": 1, "partition_max_bytes": 1 << 20,
+                "current_leader_epoch": -1, "log_start_offset": -1}]}],
+           forgotten_topics_data=[], rack_id="")
+    time.sleep(0.1)
+    r.close()
+    time.sleep(0.1)
+    other = Raw(broker)
+    try:  # the broker is fine and the data arrives for others
+        produce(other, topic, {0: batch()})
+        assert parts_of(fetch(other, topic, {0: 1}))[0].records
+    finally:
+        other.close()
+    assert "Unhandled error" not in broker.log()
+
+
+def test_fetch_sessions_answer_only_what_changed(raw: Raw) -> None:
+    a, b = unique("sess-a"), unique("sess-b")
+    produce(raw, a, {0: batch()})
+    produce(raw, b, {0: batch()})
+    both = [{"topic": t, "partitions": [{"partition": 0, "fetch_offset": 1,
+                                          "partition_max_bytes": 1 << 20,
+                                          "current_leader_epoch": -1, "log_start_offset": -1}]}
+            for t in (a, b)]
+    common = dict(replica_id=-1, min_bytes=1, max_bytes=1 << 20, isolation_level=0, rack_id="")
+    full = raw.call(1, 11, max_wait=datetime.timedelta(0), session_id=0, session_epoch=0,
+                    topics=both, forgotten_topics_data=[], **common)
+    sid = full.session_id
+    assert sid != 0 and full.error_code is E.none and len(full.responses) == 2
+    # Nothing new: an incremental fetch with no partitions parks, then answers nothing.
+    quiet = raw.call(1, 11, max_wait=datetime.timedelta(milliseconds=50), session_id=sid,
+                     session_epoch=1, topics=[], forgotten_topics_data=[], **common)
+    assert quiet.session_id == sid and quiet.responses == ()
+    # New data on b only: b (from its cached offset) is answered, a is not.
+    started = time.monotonic()
+    raw.send(1, 11, max_wait=datetime.timedelta(seconds=5), session_id=sid, session_epoch=2,
+             topics=[], forgotten_topics_data=[], **common)
+    other = Raw.__new__(Raw)
+    other.sock = socket.create_connection(raw.sock.getpeername(), timeout=10)
+    other.correlation = 0
+    try:
+        produce(other, b, {0: batch()})
+    finally:
+        other.close()
+    _c, news = raw.receive(1, 11)
+    assert time.monotonic() - started < 2
+    assert [t.topic for t in news.responses] == [b]
+    assert news.responses[0].partitions[0].high_watermark == 2
+    # Forget a; wrong epoch; unknown session.
+    forget = raw.call(1, 11, max_wait=datetime.timedelta(0), session_id=sid, session_epoch=3,
+                      topics=[], forgotten_topics_data=[{"topic": a, "partitions": [0]}], **common)
+    assert forget.error_code is E.none
+    stale = raw.call(1, 11, max_wait=datetime.timedelta(0), session_id=sid, session_epoch=3,
+                     topics=[], forgotten_topics_data=[], **common)
+    assert stale.error_code is E.invalid_fetch_session_epoch and stale.responses == ()
+    lost = raw.call(1, 11, max_wait=datetime.timedelta(0), session_id=sid + 1 if sid < 2**31 - 1
+                    else 1, session_epoch=1, topics=[], forgotten_topics_data=[], **common)
+    assert lost.error_code is E.fetch_session_id_not_found
+    closed = raw.call(1, 11, max_wait=datetime.timedelta(0), session_id=sid, session_epoch=-1,
+                      topics=both, forgotten_topics_data=[], **common)
+    assert closed.session_id == 0 and len(closed.responses) == 2
+
+
+def test_old_fetch_versions_still_work(raw: Raw) -> None:
+    topic = unique("v4")
+    produce(raw, topic, {0: batch(2)}, version=3)
+    p = parts_of(fetch(raw, topic, {0: 0}, version=4))[0]
+    assert p.error_code is E.none and p.high_watermark == 2 and p.records
+
+
+# --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------------
+
+
+def test_list_offsets_earliest_latest_timestamp_and_max(raw: Raw) -> None:
+    topic = unique("lo")
+    # Timestamps 1000, 1001, 1002 | 5000 | 2000, 2001 — max is in the middle.
+    produce(raw, topic, {0: batch(3, ts=1000)})
+    produce(raw, topic, {0: batch(1, ts=5000)})
+    produce(raw, topic, {0: batch(2, ts=2000)})
+    got = list_offsets(raw, topic, {0: -2})[0]
+    assert (got.error_code, got.offset, got.timestamp) == (E.none, 0, -1)
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 6
+    got = list_offsets(raw, topic, {0: 1001})[0]
+    assert (got.offset, got.timestamp) == (1, 1001)
+    got = list_offsets(raw, topic, {0: 1500})[0]
+    assert (got.offset, got.timestamp) == (3, 5000)
+    got = list_offsets(raw, topic, {0: 6000})[0]
+    assert (got.error_code, got.offset, got.timestamp) == (E.none, -1, -1)
+    got = list_offsets(raw, topic, {0: -3})[0]
+    assert (got.offset, got.timestamp) == (3, 5000)
+    assert list_offsets(raw, topic, {4: -1})[4].error_code is E.unknown_topic_or_partition
+    got = list_offsets(raw, topic, {0: -1}, version=1)[0]
+    assert got.offset == 6
+    empty = unique("lo-empty")
+    produce(raw, empty, {0: None})  # auto-creates; the empty record set itself is refused
+    assert list_offsets(raw, empty, {0: -3})[0].offset == -1
+    assert list_offsets(raw, empty, {0: -1})[0].offset == 0
+
+
+def test_list_offsets_leader_epoch_checks(raw: Raw) -> None:
+    topic = unique("lo-epoch")
+    produce(raw, topic, {0: batch()})
+    response = raw.call(2, 7, replica_id=-1, isolation_level=0, topics=[
+        {"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1,
+                                        "current_leader_epoch": 3}]}])
+    assert response.topics[0].partitions[0].error_code is E.unknown_leader_epoch
+
+
+def test_offset_for_leader_epoch(raw: Raw) -> None:
+    topic = unique("ofle")
+    produce(raw, topic, {0: batch(4)})
+
+    def ask(leader_epoch: int, current: int = -1, partition: int = 0) -> Any:
+        response = raw.call(23, 4, replica_id=-1, topics=[
+            {"topic": topic, "partitions": [{"partition": partition,
+                                             "current_leader_epoch": current,
+                                             "leader_epoch": leader_epoch}]}])
+        return response.topics[0].partitions[0]
+
+    got = ask(0, current=0)
+    assert (got.error_code, got.leader_epoch, got.end_offset) == (E.none, 0, 4)
+    got = ask(2)
+    assert (got.leader_epoch, got.end_offset) == (-1, -1)
+    assert ask(0, current=1).error_code is E.unknown_leader_epoch
+    assert ask(0, partition=9).error_code is E.unknown_topic_or_partition
