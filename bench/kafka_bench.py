@@ -53,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tansu import HOST, free_port, tansu_broker  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-TWISTD = Path(sys.executable).parent / "twistd"
+# $BENCH_TWISTD runs another twistd entry point (e.g. a wrapper that patches an experiment in).
+TWISTD = Path(os.environ.get("BENCH_TWISTD") or Path(sys.executable).parent / "twistd")
 
 # The same client settings for both brokers.
 PRODUCER_TUNING = {
@@ -61,7 +62,7 @@ PRODUCER_TUNING = {
     "batch.size": 1_000_000,          # bytes per partition batch (librdkafka's ceiling)
     "batch.num.messages": 100_000,    # so batch.size, not the count, closes 100 B batches
     "queue.buffering.max.messages": 1_000_000,
-    "queue.buffering.max.kbytes": 1_048_576,
+    "queue.buffering.max.kbytes": 262_144,  # 256 MiB: ample, and no client paging storm
     "message.timeout.ms": 60_000,
 }
 CONSUMER_TUNING = {
@@ -80,6 +81,7 @@ QUICK = {"n_1k": 100_000, "n_100b": 400_000, "phase_s": 6.0, "e2e_s": 5.0}
 E2E_RATE = 2000
 E2E_SIZE = 100
 
+PHASES = frozenset({"throughput", "e2e"})  # throughput = produce, then consume back
 BARS = {"throughput_ratio_min": 1.2, "e2e_p50_ms_max": 10.0, "e2e_p99_ms_max": 25.0}
 
 
@@ -146,7 +148,8 @@ def kmqkafka_daemon(root: Path | None = None, timeout: float = 30.0,
     })
     log_path = work / "kmqkafka.log"
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([str(TWISTD), "-n", "--pidfile=", "kmqkafka"], cwd=work, env=env,
+        cmd = [str(TWISTD)] if os.access(TWISTD, os.X_OK) else [sys.executable, str(TWISTD)]
+        proc = subprocess.Popen([*cmd, "-n", "--pidfile=", "kmqkafka"], cwd=work, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + timeout
@@ -379,6 +382,7 @@ def e2e_phase(bootstrap: str, topic: str, seconds: float) -> dict[str, Any]:
     p = Producer({"bootstrap.servers": bootstrap, **QUIET})
     pad = b"\0" * (E2E_SIZE - 8)
     latencies: list[int] = []
+    acks: list[int] = []  # produce() -> delivery report: the producer's share of the latency
     stop = threading.Event()
     warm = threading.Event()
 
@@ -413,7 +417,10 @@ def e2e_phase(bootstrap: str, topic: str, seconds: float) -> dict[str, Any]:
             delay = due - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            p.produce(topic, time.perf_counter_ns().to_bytes(8, "big") + pad)
+            sent_ns = time.perf_counter_ns()
+            p.produce(topic, sent_ns.to_bytes(8, "big") + pad,
+                      on_delivery=lambda err, _m, t=sent_ns:
+                      acks.append(time.perf_counter_ns() - t) if err is None else None)
             p.poll(0)
         p.flush(30)
         end = time.monotonic() + 30
@@ -424,9 +431,11 @@ def e2e_phase(bootstrap: str, topic: str, seconds: float) -> dict[str, Any]:
         reader.join(10)
         c.close()
     lat = sorted(x / 1e6 for x in latencies)
+    ack = sorted(x / 1e6 for x in acks)
     return {"p50_ms": percentile(lat, 0.50), "p99_ms": percentile(lat, 0.99),
             "max_ms": lat[-1] if lat else float("nan"), "received": len(lat),
-            "sent": int(E2E_RATE * seconds)}
+            "sent": int(E2E_RATE * seconds),
+            "produce_ack_p50_ms": percentile(ack, 0.50), "produce_ack_p99_ms": percentile(ack, 0.99)}
 
 
 # --------------------------------------------------------------------------- driver
@@ -460,25 +469,27 @@ def run_broker(daemon: Daemon, sizes: dict[str, Any], partitions: int,
         log(f"    {json.dumps(out)}  broker cpu {_fmt(cpu)}%  client cpu {_fmt(client_cpu)}%")
 
     cases = [("1k", KIB, sizes["n_1k"]), ("100b", 100, sizes["n_100b"])]
-    for label, size, count in cases:
-        for acks, acks_label in (("all", "all"), ("1", "1")):
-            topic = f"bench-{run_id}-{label}-acks{acks_label}"
-            create_topic(daemon.bootstrap, topic, partitions)
-            phase(f"produce_acks_{acks_label}_{label}",
-                  lambda t=topic, s=size, n=count, a=acks:
-                  produce_phase(daemon.bootstrap, t, s, n, a, sizes["phase_s"]),
+    if "throughput" in PHASES:
+        for label, size, count in cases:
+            for acks, acks_label in (("all", "all"), ("1", "1")):
+                topic = f"bench-{run_id}-{label}-acks{acks_label}"
+                create_topic(daemon.bootstrap, topic, partitions)
+                phase(f"produce_acks_{acks_label}_{label}",
+                      lambda t=topic, s=size, n=count, a=acks:
+                      produce_phase(daemon.bootstrap, t, s, n, a, sizes["phase_s"]),
+                      ("msg_s", "mb_s"))
+        for label, size, _count in cases:
+            topic = f"bench-{run_id}-{label}-acksall"
+            produced = res.get(f"produce_acks_all_{label}_detail", {}).get("acked")
+            phase(f"consume_{label}",
+                  lambda t=topic, s=size, n=produced:
+                  consume_phase(daemon.bootstrap, t, s, n, sizes["phase_s"]),
                   ("msg_s", "mb_s"))
-    for label, size, _count in cases:
-        topic = f"bench-{run_id}-{label}-acksall"
-        produced = res.get(f"produce_acks_all_{label}_detail", {}).get("acked")
-        phase(f"consume_{label}",
-              lambda t=topic, s=size, n=produced:
-              consume_phase(daemon.bootstrap, t, s, n, sizes["phase_s"]),
-              ("msg_s", "mb_s"))
-    topic = f"bench-{run_id}-e2e"
-    create_topic(daemon.bootstrap, topic, 1)
-    phase("e2e", lambda: e2e_phase(daemon.bootstrap, topic, sizes["e2e_s"]),
-          ("p50_ms", "p99_ms", "max_ms"))
+    if "e2e" in PHASES:
+        topic = f"bench-{run_id}-e2e"
+        create_topic(daemon.bootstrap, topic, 1)
+        phase("e2e", lambda: e2e_phase(daemon.bootstrap, topic, sizes["e2e_s"]),
+              ("p50_ms", "p99_ms", "max_ms", "produce_ack_p50_ms", "produce_ack_p99_ms"))
     return res
 
 
@@ -526,8 +537,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=1, help="partitions per throughput topic")
     ap.add_argument("--profile", type=Path, help="py-spy the kmqkafka daemon into this dir")
     ap.add_argument("--data-root", type=Path, help="parent of kmqkafka's temp data dir")
+    ap.add_argument("--phases", help="comma list: throughput,e2e (default both)")
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else FULL
+    global PHASES
+    if args.phases:
+        PHASES = frozenset(args.phases.split(","))
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -14,7 +14,9 @@ from twisted.python import usage
 from kmqkafka.config import ConfigError, Settings, load_settings, option_parameters
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.http import build_site
-from kmqkafka.kafka import admin, api_versions, cluster, configs, fetch, metadata, positions, produce
+from kmqkafka.kafka import (
+    admin, api_versions, cluster, configs, fetch, metadata, positions, produce, producers,
+)
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka.topics import TopicCatalog
 from kmqkafka.metrics import Metrics
@@ -32,7 +34,9 @@ class Options(usage.Options):
     )
 
 
-HANDLER_AREAS = (api_versions, metadata, produce, fetch, positions, admin, configs, cluster)
+HANDLER_AREAS = (
+    api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster,
+)
 
 
 def register_handlers(dispatcher: Dispatcher) -> None:

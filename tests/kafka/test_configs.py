@@ -1,0 +1,251 @@
+"""Config APIs against a real daemon: DescribeConfigs, AlterConfigs, IncrementalAlterConfigs.
+
+Topic configs are served in full and reach the store: after a change, every partition
+channel's persisted LogConfig (``channels/<dir>/config.json`` under the data dir) carries
+it. Broker configs are described read-only; altering them is INVALID_REQUEST.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+)
+
+from conftest import BrokerProcess, start_broker
+from kmqkafka.store.names import channel_for, dir_name
+
+WAIT = 15.0
+# confluent-kafka deprecates the legacy AlterConfigs; it is still an API clients use.
+pytestmark = pytest.mark.filterwarnings("ignore:alter_configs has been deprecated")
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    b = start_broker(tmp_path_factory.mktemp("configs"))
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(kafka: BrokerProcess) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka.bootstrap})
+
+
+def make_topic(admin: AdminClient, name: str, partitions: int = 1,
+               config: dict[str, str] | None = None) -> None:
+    admin.create_topics([NewTopic(name, partitions, config=config or {})])[name].result(WAIT)
+
+
+def describe(admin: AdminClient, name: str) -> dict[str, ConfigEntry]:
+    (future,) = admin.describe_configs([ConfigResource("topic", name)]).values()
+    return future.result(WAIT)
+
+
+def failure(future: Any) -> tuple[int, str]:
+    with pytest.raises(KafkaException) as info:
+        future.result(WAIT)
+    err = info.value.args[0]
+    return err.code(), err.str()
+
+
+def channel_config(kafka: BrokerProcess, topic: str, partition: int) -> dict[str, Any]:
+    """The LogConfig the store persisted for one partition's channel."""
+    path = kafka.data_dir / "channels" / dir_name(channel_for(topic, partition)) / "config.json"
+    return json.loads(Path(path).read_text())
+
+
+# --- DescribeConfigs --------------------------------------------------------------------
+
+
+def test_describe_topic_configs_sources_and_defaults(kafka: BrokerProcess,
+                                                     admin: AdminClient) -> None:
+    make_topic(admin, "dc", 2, {"retention.bytes": "100000", "cleanup.policy": "compact"})
+    configs = describe(admin, "dc")
+    rb = configs["retention.bytes"]
+    assert (rb.value, rb.source, rb.is_default) == ("100000",
+                                                    ConfigSource.DYNAMIC_TOPIC_CONFIG.value,
+                                                    False)
+    rm = configs["retention.ms"]
+    assert (rm.value, rm.source, rm.is_default) == ("604800000", ConfigSource.DEFAULT_CONFIG.value,
+                                                    True)
+    assert configs["cleanup.policy"].value == "compact"
+    assert not any(e.is_read_only for e in configs.values())
+    # Created configs reach both partition channels.
+    for p in (0, 1):
+        stored = channel_config(kafka, "dc", p)
+        assert stored["retention_bytes"] == 100000 and stored["cleanup_policy"] == "compact"
+
+
+def test_describe_synonyms_and_name_filter(kafka: BrokerProcess) -> None:
+    from kio.schema.describe_configs.v4.request import DescribeConfigsResource
+    from test_admin import call, create  # the raw kio helpers
+
+    create(kafka, "dc-syn", 1)
+    response = call(kafka, 32, 4, include_synonyms=True, include_documentation=True, resources=(
+        DescribeConfigsResource(resource_type=2, resource_name="dc-syn",
+                                configuration_keys=("retention.ms", "segment.bytes", "nope")),
+        DescribeConfigsResource(resource_type=2, resource_name="dc-missing",
+                                configuration_keys=None)))
+    found, missing = response.results
+    assert [c.name for c in found.configs] == ["retention.ms", "segment.bytes"]
+    retention = found.configs[0]
+    assert [(s.name, s.source) for s in retention.synonyms] == [("log.retention.ms", 5)]
+    assert retention.config_type == 5  # LONG
+    assert retention.documentation
+    assert missing.error_code == 3
+
+
+def test_describe_unknown_topic_and_broker(admin: AdminClient) -> None:
+    (future,) = admin.describe_configs([ConfigResource("topic", "dc-never")]).values()
+    assert failure(future)[0] == 3
+    (future,) = admin.describe_configs([ConfigResource("broker", "1")]).values()
+    broker = future.result(WAIT)
+    assert broker["message.max.bytes"].value == "1048576"
+    assert broker["broker.id"].value == "1"
+    assert all(e.is_read_only for e in broker.values())
+
+
+# --- AlterConfigs (replace) and IncrementalAlterConfigs ------------------------------------
+
+
+def test_alter_configs_replaces_whole_set_and_reaches_store(kafka: BrokerProcess,
+                                                            admin: AdminClient) -> None:
+    make_topic(admin, "ac", 2, {"retention.ms": "1000"})
+    resource = ConfigResource("topic", "ac", set_config={"segment.bytes": "1048576",
+                                                         "retention.bytes": "5000"})
+    (future,) = admin.alter_configs([resource]).values()
+    future.result(WAIT)
+    configs = describe(admin, "ac")
+    assert configs["segment.bytes"].value == "1048576"
+    assert configs["retention.bytes"].value == "5000"
+    assert configs["retention.ms"].is_default  # not named: back to the default
+    for p in (0, 1):
+        stored = channel_config(kafka, "ac", p)
+        assert stored["segment_bytes"] == 1048576 and stored["retention_bytes"] == 5000
+        assert stored["retention_ms"] == 604800000
+
+
+def test_alter_configs_validate_only_and_bad_values(admin: AdminClient) -> None:
+    make_topic(admin, "ac-dry")
+    dry = ConfigResource("topic", "ac-dry", set_config={"retention.ms": "42"})
+    (future,) = admin.alter_configs([dry], validate_only=True).values()
+    future.result(WAIT)
+    assert describe(admin, "ac-dry")["retention.ms"].is_default
+    bad = ConfigResource("topic", "ac-dry", set_config={"retention.ms": "-7"})
+    (future,) = admin.alter_configs([bad]).values()
+    assert failure(future)[0] == 40
+    unknown = ConfigResource("topic", "ac-dry", set_config={"no.such": "1"})
+    (future,) = admin.alter_configs([unknown]).values()
+    assert failure(future) == (40, "Unknown topic config name: no.such")
+    missing = ConfigResource("topic", "ac-never", set_config={"retention.ms": "1"})
+    (future,) = admin.alter_configs([missing]).values()
+    assert failure(future)[0] == 3
+
+
+def test_incremental_set_delete_append_subtract(kafka: BrokerProcess, admin: AdminClient) -> None:
+    make_topic(admin, "iac", 1, {"retention.ms": "1000"})
+
+    def alter(*entries: ConfigEntry, validate_only: bool = False) -> Any:
+        resource = ConfigResource("topic", "iac", incremental_configs=list(entries))
+        (future,) = admin.incremental_alter_configs([resource],
+                                                    validate_only=validate_only).values()
+        return future
+
+    alter(ConfigEntry("max.message.bytes", "2000000",
+                      incremental_operation=AlterConfigOpType.SET)).result(WAIT)
+    configs = describe(admin, "iac")
+    assert configs["max.message.bytes"].value == "2000000"
+    assert configs["retention.ms"].value == "1000"  # untouched by an incremental change
+    assert channel_config(kafka, "iac", 0)["max_message_bytes"] == 2000000
+
+    alter(ConfigEntry("cleanup.policy", "compact",
+                      incremental_operation=AlterConfigOpType.APPEND)).result(WAIT)
+    assert describe(admin, "iac")["cleanup.policy"].value == "delete,compact"
+    assert channel_config(kafka, "iac", 0)["cleanup_policy"] == "compact,delete"
+    alter(ConfigEntry("cleanup.policy", "delete",
+                      incremental_operation=AlterConfigOpType.SUBTRACT)).result(WAIT)
+    assert describe(admin, "iac")["cleanup.policy"].value == "compact"
+    assert channel_config(kafka, "iac", 0)["cleanup_policy"] == "compact"
+
+    alter(ConfigEntry("retention.ms", None,
+                      incremental_operation=AlterConfigOpType.DELETE)).result(WAIT)
+    assert describe(admin, "iac")["retention.ms"].is_default
+    assert channel_config(kafka, "iac", 0)["retention_ms"] == 604800000
+
+    not_list = alter(ConfigEntry("retention.ms", "5",
+                                 incremental_operation=AlterConfigOpType.APPEND))
+    assert failure(not_list) == (40, "Can't APPEND to key retention.ms because its type is "
+                                     "not LIST.")
+    dry = alter(ConfigEntry("segment.ms", "1000", incremental_operation=AlterConfigOpType.SET),
+                validate_only=True)
+    dry.result(WAIT)
+    assert describe(admin, "iac")["segment.ms"].is_default
+
+
+def test_broker_configs_are_read_only(admin: AdminClient) -> None:
+    resource = ConfigResource("broker", "1", incremental_configs=[
+        ConfigEntry("log.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+    (future,) = admin.incremental_alter_configs([resource]).values()
+    code, message = failure(future)
+    assert code == 42 and "Cannot update these configs dynamically" in message
+
+
+# --- kafka-python -------------------------------------------------------------------------
+
+
+def test_kafka_python_describe_and_alter(kafka: BrokerProcess, admin: AdminClient) -> None:
+    from kafka.admin import ConfigResource as KpResource
+    from kafka.admin import ConfigResourceType, KafkaAdminClient
+
+    make_topic(admin, "kp-cfg", 1, {"retention.bytes": "7777"})
+    client = KafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=10000)
+    try:
+        described = client.describe_configs([KpResource(ConfigResourceType.TOPIC, "kp-cfg")],
+                                            config_filter="all")
+        flat = json.dumps(described, default=str)
+        assert "retention.bytes" in flat and "7777" in flat
+        result = client.alter_configs([KpResource(ConfigResourceType.TOPIC, "kp-cfg",
+                                                  {"retention.ms": "86400000"})])
+        assert "OK" in json.dumps(result)
+        client.alter_configs([KpResource(ConfigResourceType.TOPIC, "kp-cfg",
+                                         {"retention.ms": "3600000"})], incremental=False)
+    finally:
+        client.close()
+    configs = describe(admin, "kp-cfg")
+    assert configs["retention.ms"].value == "3600000"
+    # kafka-python's legacy path re-sends the modified keys, so the replace kept this one.
+    assert configs["retention.bytes"].value == "7777"
+    assert channel_config(kafka, "kp-cfg", 0)["retention_ms"] == 3600000
+
+
+def test_aiokafka_describe_configs(kafka: BrokerProcess, admin: AdminClient) -> None:
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource as AioResource
+    from aiokafka.admin.config_resource import ConfigResourceType as AioType
+
+    make_topic(admin, "aio-cfg", 1, {"segment.bytes": "2097152"})
+
+    async def run() -> Any:
+        client = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap, request_timeout_ms=10000)
+        await client.start()
+        try:
+            return await client.describe_configs([AioResource(AioType.TOPIC, "aio-cfg")])
+        finally:
+            await client.close()
+
+    responses = asyncio.run(asyncio.wait_for(run(), WAIT * 2))
+    assert "2097152" in repr(responses)

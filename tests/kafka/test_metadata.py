@@ -1,0 +1,72 @@
+"""Metadata over real sockets: advertised endpoint, auto-create, invalid names, restart-stable ids."""
+
+from confluent_kafka import KafkaError
+from confluent_kafka.admin import AdminClient
+
+from conftest import free_port, start_broker
+
+
+def admin(bootstrap):
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def test_advertised_host_and_port_are_what_clients_are_told(tmp_path):
+    port = free_port()
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_PORT": str(port),
+                                    "CONNECTORS_KAFKA_ADVERTISED_HOST": "localhost",
+                                    "CONNECTORS_KAFKA_ADVERTISED_PORT": str(port)})
+    try:
+        md = admin(b.bootstrap).list_topics(timeout=10)
+        assert [(x.host, x.port) for x in md.brokers.values()] == [("localhost", port)]
+        assert md.controller_id == 1
+    finally:
+        b.stop()
+    other = free_port()
+    (tmp_path / "2").mkdir()
+    b = start_broker(tmp_path / "2", env={"CONNECTORS_KAFKA_ADVERTISED_HOST": "kafka.example.test",
+                                          "CONNECTORS_KAFKA_ADVERTISED_PORT": str(other)})
+    try:
+        md = admin(b.bootstrap).list_topics(timeout=10)
+        assert [(x.host, x.port) for x in md.brokers.values()] == [("kafka.example.test", other)]
+    finally:
+        b.stop()
+
+
+def test_metadata_auto_creates_a_one_partition_topic(broker):
+    md = admin(broker.bootstrap).list_topics(topic="auto.created", timeout=10)
+    topic = md.topics["auto.created"]
+    assert topic.error is None
+    assert list(topic.partitions) == [0]
+    assert topic.partitions[0].leader == 1
+    assert "auto.created" in admin(broker.bootstrap).list_topics(timeout=10).topics
+
+
+def test_auto_create_can_be_turned_off(tmp_path):
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_AUTO_CREATE_TOPICS": "false"})
+    try:
+        md = admin(b.bootstrap).list_topics(topic="not.there", timeout=10)
+        assert md.topics["not.there"].error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        assert "not.there" not in admin(b.bootstrap).list_topics(timeout=10).topics
+    finally:
+        b.stop()
+
+
+def test_tilde_in_a_topic_name_is_invalid_topic_exception(broker):
+    md = admin(broker.bootstrap).list_topics(topic="bad~name", timeout=10)
+    assert md.topics["bad~name"].error.code() == KafkaError.TOPIC_EXCEPTION  # 17
+    assert "bad~name" not in admin(broker.bootstrap).list_topics(timeout=10).topics
+
+
+def test_topics_and_cluster_id_survive_a_restart(tmp_path):
+    b = start_broker(tmp_path)
+    try:
+        md = admin(b.bootstrap).list_topics(topic="kept", timeout=10)
+        cluster_id = md.cluster_id
+        assert md.topics["kept"].error is None
+        b.stop()
+        b.restart()
+        md2 = admin(b.bootstrap).list_topics(timeout=10)
+        assert "kept" in md2.topics
+        assert md2.cluster_id == cluster_id
+    finally:
+        b.stop()

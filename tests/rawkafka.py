@@ -1,0 +1,64 @@
+"""A tiny synchronous Kafka client for tests: send one kio request, read its kio response.
+
+For error paths real clients never take (and to check exact fields); real
+client libraries remain the tests' main tool.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import struct
+from typing import Any
+
+from kio.index import load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+
+class RawClient:
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.correlation = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "RawClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, request: Any, client_id: str = "raw-test") -> int:
+        self.correlation += 1
+        header_type = request.__header_schema__
+        header = header_type(request_api_key=request.__api_key__,
+                             request_api_version=request.__version__,
+                             correlation_id=self.correlation, client_id=client_id)
+        buf = io.BytesIO()
+        entity_writer(header_type)(buf, header)
+        entity_writer(type(request))(buf, request)
+        payload = buf.getvalue()
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+        return self.correlation
+
+    def receive(self, request: Any) -> Any:
+        size = struct.unpack(">i", self._exact(4))[0]
+        frame = self._exact(size)
+        response_type = load_response_schema(request.__api_key__, request.__version__)
+        header, used = entity_reader(response_type.__header_schema__)(frame, 0)
+        response, _ = entity_reader(response_type)(frame, used)
+        return response
+
+    def call(self, request: Any) -> Any:
+        self.send(request)
+        return self.receive(request)
+
+    def _exact(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("connection closed")
+            out += chunk
+        return bytes(out)
