@@ -169,8 +169,8 @@ def kmqkafka_daemon(root: Path | None = None, timeout: float = 30.0,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
-        if os.environ.get("BENCH_KEEP_DATA") != "1":
-            shutil.rmtree(work / "data", ignore_errors=True)
+        if os.environ.get("BENCH_KEEP_DATA") != "1":  # failures already carry the log tail
+            shutil.rmtree(work, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -214,8 +214,11 @@ class Profiler:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         raw = self.out_dir / f"{name}.txt"
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        # --gil: only samples where a thread holds the GIL, i.e. Python CPU work (the
+        # reactor's epoll wait and fsync threads drop out); BENCH_PYSPY_ARGS overrides.
+        extra = os.environ.get("BENCH_PYSPY_ARGS", "--gil --threads").split()
         proc = subprocess.Popen([spy, "record", "--pid", str(self.pid), "--format", "raw",
-                                 "--rate", "200", "--nonblocking", "-o", str(raw)],
+                                 "--rate", "200", "--nonblocking", *extra, "-o", str(raw)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)  # let py-spy attach
         try:
@@ -231,7 +234,15 @@ class Profiler:
                 (self.out_dir / f"{name}.top.txt").write_text(summarise_stacks(raw))
 
 
-def summarise_stacks(raw: Path, top: int = 25) -> str:
+def _frame_name(frame: str) -> str:
+    """``func (path/file.py:123)`` -> ``func (file.py)``: one entry per function."""
+    name, sep, where = frame.partition(" (")
+    if not sep:
+        return frame
+    return f"{name} ({where.rsplit('/', 1)[-1].rsplit(':', 1)[0].rstrip(')')})"
+
+
+def summarise_stacks(raw: Path, top: int = 30) -> str:
     """Top functions by self and by inclusive samples from a py-spy raw (collapsed) file."""
     own: collections.Counter[str] = collections.Counter()
     incl: collections.Counter[str] = collections.Counter()
@@ -242,8 +253,7 @@ def summarise_stacks(raw: Path, top: int = 25) -> str:
             continue
         n = int(count)
         total += n
-        frames = [f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].rstrip(")")
-                  if " (" in f else f for f in stack.split(";")]
+        frames = [_frame_name(f) for f in stack.split(";")]
         own[frames[-1]] += n
         for f in set(frames):
             incl[f] += n
@@ -388,16 +398,17 @@ def e2e_phase(bootstrap: str, topic: str, seconds: float) -> dict[str, Any]:
 
     def receive() -> None:
         end = time.monotonic() + seconds + 60
+        # poll(), not consume(n, t): consume waits for n messages or the full timeout,
+        # which would add up to t to every latency.
         while not stop.is_set() and time.monotonic() < end:
-            for m in c.consume(1000, 0.1):
-                now = time.perf_counter_ns()
-                if m.error():
-                    continue
+            m = c.poll(0.1)
+            now = time.perf_counter_ns()
+            if m is not None and not m.error():
                 v = m.value()
                 if v[:8] == b"WARMWARM":
                     warm.set()
-                    continue
-                latencies.append(now - int.from_bytes(v[:8], "big"))
+                else:
+                    latencies.append(now - int.from_bytes(v[:8], "big"))
 
     reader = threading.Thread(target=receive, daemon=True)
     reader.start()
@@ -500,7 +511,8 @@ ROWS = [
     ("produce acks=1   100 B", "produce_acks_1_100b", ("msg_s", "mb_s")),
     ("consume 1 KiB", "consume_1k", ("msg_s", "mb_s")),
     ("consume 100 B", "consume_100b", ("msg_s", "mb_s")),
-    ("e2e 2k msg/s 100 B", "e2e", ("p50_ms", "p99_ms", "max_ms")),
+    ("e2e 2k msg/s 100 B", "e2e", ("p50_ms", "p99_ms", "max_ms", "produce_ack_p50_ms",
+                                    "produce_ack_p99_ms")),
 ]
 
 
@@ -514,12 +526,12 @@ def _fmt(v: Any) -> str:
 
 def table(results: dict[str, dict[str, Any]], ratio: dict[str, Any]) -> str:
     names = list(results)
-    head = f"{'phase':<24}{'figure':<9}" + "".join(f"{n:>14}{'cpu%':>7}" for n in names)
+    head = f"{'phase':<24}{'figure':<20}" + "".join(f"{n:>14}{'cpu%':>7}" for n in names)
     head += f"{'kmq/tansu':>11}" if len(names) == 2 else ""
     lines = [head, "-" * len(head)]
     for title, key, fields in ROWS:
         for i, f in enumerate(fields):
-            row = f"{title if i == 0 else '':<24}{f:<9}"
+            row = f"{title if i == 0 else '':<24}{f:<20}"
             for n in names:
                 r = results[n]
                 cpu = r.get(f"{key}_cpu_pct") if i == 0 else None

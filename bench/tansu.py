@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -116,6 +117,7 @@ def tansu_broker(timeout: float = 30.0, log_dir: Path | None = None) -> Iterator
     """Start tansu on a free loopback port, yield once Metadata answers, stop it afterwards."""
     port = free_port()
     url = f"tcp://{HOST}:{port}"
+    own_dir = log_dir is None
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tansu-bench-"))
     log_path = log_dir / f"tansu-{port}.log"
     env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
@@ -138,6 +140,8 @@ def tansu_broker(timeout: float = 30.0, log_dir: Path | None = None) -> Iterator
         yield broker
     finally:
         broker.stop()
+        if own_dir:
+            shutil.rmtree(log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

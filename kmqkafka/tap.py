@@ -15,7 +15,8 @@ from kmqkafka.config import ConfigError, Settings, load_settings, option_paramet
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
-    admin, api_versions, cluster, configs, fetch, metadata, positions, produce, producers,
+    admin, api_versions, cluster, configs, fetch, groups, metadata, offsets, positions, produce,
+    producers,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka.topics import TopicCatalog
@@ -35,7 +36,8 @@ class Options(usage.Options):
 
 
 HANDLER_AREAS = (
-    api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster,
+    api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
+    offsets,
 )
 
 
@@ -61,6 +63,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher
     broker.extras["topics"] = TopicCatalog(store)
+    groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     register_handlers(dispatcher)
 
     listeners: list[Listener] = []

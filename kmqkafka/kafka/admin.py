@@ -24,7 +24,7 @@ from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
-from kmqkafka.kafka.configs import topic_config_entries
+from kmqkafka.kafka.configs import broker_topic_defaults, topic_config_entries
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
@@ -159,7 +159,7 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
             configs = tuple(
                 make(t.CreatableTopicConfigs, name=e.name, value=e.value,
                      read_only=e.read_only, config_source=e.source, is_sensitive=False)
-                for e in topic_config_entries(topic)
+                for e in topic_config_entries(topic, None, broker_topic_defaults(ctx))
             )
         results.append(make(
             t.CreatableTopicResult, name=name,

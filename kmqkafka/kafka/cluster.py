@@ -12,7 +12,6 @@ import uuid
 from typing import Any
 
 from kio.schema.errors import ErrorCode
-from twisted.logger import Logger
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
@@ -20,8 +19,6 @@ from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.topics import Topic, TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
-
-log = Logger()
 
 DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 35, 60, 75
 _ZERO_UUID = uuid.UUID(int=0)

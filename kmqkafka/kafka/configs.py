@@ -15,7 +15,7 @@ environment, options or the TOML file. Other resource types are INVALID_REQUEST.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
@@ -104,15 +104,29 @@ class ConfigEntry:
     documentation: str | None
 
 
-def topic_config_entries(topic: Topic, names: Iterable[str] | None = None) -> list[ConfigEntry]:
+def broker_topic_defaults(ctx: RequestContext) -> dict[str, str]:
+    """Topic-config defaults that come from this broker's settings rather than Kafka's.
+
+    ``max.message.bytes`` defaults to ``CONNECTORS_KAFKA_MAX_MESSAGE_BYTES``, the limit
+    Produce enforces when a topic has no override.
+    """
+    return {"max.message.bytes": str(ctx.broker.settings.kafka_max_message_bytes)}
+
+
+def topic_config_entries(topic: Topic, names: Iterable[str] | None = None,
+                         defaults: Mapping[str, str] | None = None) -> list[ConfigEntry]:
     """The topic's configs (all, or those of ``names`` that exist), in name order.
 
-    Synonyms list the topic override (if any) then the broker default, as Kafka does.
+    ``defaults`` overrides entries of ``TOPIC_CONFIG_DEFAULTS`` (see
+    ``broker_topic_defaults``). Synonyms list the topic override (if any) then the broker
+    default, as Kafka does.
     """
     wanted = sorted(TOPIC_CONFIG_DEFAULTS) if names is None else list(dict.fromkeys(names))
     out = []
     for name in wanted:
         default = TOPIC_CONFIG_DEFAULTS.get(name)
+        if default is not None and defaults and name in defaults:
+            default = defaults[name]
         if default is None:
             continue  # Kafka omits names it does not know
         synonyms: list[tuple[str, str | None, int]] = []
@@ -152,10 +166,10 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "offsets.topic.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
         "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
     }
-    values["message.max.bytes"] = (str(s.kafka_max_message_bytes), SOURCE_STATIC_BROKER, INT)
+    defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}
     for topic_name, broker_name in _BROKER_SYNONYM.items():
         if broker_name not in values:
-            values[broker_name] = (TOPIC_CONFIG_DEFAULTS[topic_name], SOURCE_DEFAULT,
+            values[broker_name] = (defaults[topic_name], SOURCE_DEFAULT,
                                    _TOPIC_TYPES.get(topic_name, LONG))
     return [ConfigEntry(name, value, source, True, kind, ((name, value, source),), None)
             for name, (value, source, kind) in sorted(values.items())]
@@ -202,7 +216,7 @@ def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> l
         if topic is None:
             raise KafkaError(ErrorCode.unknown_topic_or_partition,
                              f"The topic '{res.resource_name}' does not exist.")
-        return topic_config_entries(topic, keys)
+        return topic_config_entries(topic, keys, broker_topic_defaults(ctx))
     if res.resource_type == RESOURCE_BROKER:
         if res.resource_name == "":
             return []  # no dynamic cluster-wide defaults exist here
@@ -336,4 +350,5 @@ def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(INCREMENTAL_ALTER_CONFIGS, incremental_alter_configs, 0, 1)
 
 
-__all__ = ["ConfigEntry", "broker_config_entries", "register", "topic_config_entries"]
+__all__ = ["ConfigEntry", "broker_config_entries", "broker_topic_defaults", "register",
+           "topic_config_entries"]

@@ -94,7 +94,7 @@ class _Fetch:
     """One Fetch in progress: read, maybe park, re-read, answer."""
 
     __slots__ = ("ctx", "fctx", "store", "catalog", "uses_ids", "min_bytes", "max_bytes",
-                 "deadline", "epoch_errors", "topics", "wait", "deferred")
+                 "deadline", "epoch_errors", "topics", "wait", "deferred", "aborted")
 
     def __init__(self, request: Any, ctx: RequestContext, fctx: FetchContext,
                  epoch_errors: dict[tuple[Hashable, int], ErrorCode]) -> None:
@@ -106,6 +106,9 @@ class _Fetch:
         self.uses_ids = ctx.api_version >= 13
         self.min_bytes = request.min_bytes
         self.max_bytes = request.max_bytes
+        # No transaction is ever aborted yet: READ_COMMITTED gets an empty list, as Kafka sends,
+        # READ_UNCOMMITTED gets null.
+        self.aborted: tuple[()] | None = () if request.isolation_level == 1 else None
         self.deadline = broker.reactor.seconds() + max(0.0, request.max_wait.total_seconds())
         self.epoch_errors = epoch_errors
         self.topics: dict[Hashable, Topic | None] = {}
@@ -239,12 +242,12 @@ class _Fetch:
         uses_ids = self.uses_ids
         partition_cls = t.PartitionData
         topic_cls = t.FetchableTopicResponse
-        full = fctx.session is None
+        sessionless = fctx.session is None
         metrics = ctx.broker.metrics.kafka_bytes_out
         by_topic: dict[Hashable, list[Any]] = {}
         for key, code, hw, start, batches, nbytes in results:
             error = code is not ErrorCode.none
-            if not full and not fctx.include(key, error=error, has_records=nbytes > 0,
+            if not sessionless and not fctx.include(key, error=error, has_records=nbytes > 0,
                                               high_watermark=hw, log_start_offset=start,
                                               last_stable_offset=hw):
                 continue
@@ -265,7 +268,7 @@ class _Fetch:
                 high_watermark=hw,
                 last_stable_offset=hw,
                 log_start_offset=start,
-                aborted_transactions=None,
+                aborted_transactions=self.aborted,
                 preferred_read_replica=-1,
                 records=records,
             ))

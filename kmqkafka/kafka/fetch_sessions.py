@@ -201,8 +201,7 @@ class SessionCache:
         if session.uses_topic_ids != uses_topic_ids:
             return FetchContext(session_id=NO_SESSION, wanted=[],
                                 error=ErrorCode.fetch_session_topic_id_error)
-        for key in forgotten:
-            session.partitions.pop(key, None)
+        # Kafka's order: add or update the requested partitions, then drop the forgotten ones.
         for w in requested:
             cached = session.partitions.get(w.key)
             if cached is None:
@@ -210,6 +209,8 @@ class SessionCache:
             else:
                 cached.fetch_offset = w.fetch_offset
                 cached.max_bytes = w.max_bytes
+        for key in forgotten:
+            session.partitions.pop(key, None)
         session.epoch = next_epoch(epoch)
         session.last_used = now
         session.in_use += 1
@@ -233,11 +234,12 @@ class SessionCache:
         return session
 
     def _evict_one(self, now: float) -> bool:
-        for sid, session in self._sessions.items():  # oldest first
-            if now - session.last_used >= self.evict_after_s and session.in_use == 0:
-                del self._sessions[sid]
-                return True
-            break  # LRU order: if the oldest is not stale, nothing is
+        """Drop the least recently used session if it is stale and idle (LRU order: if the
+        oldest is not stale, none is)."""
+        sid, oldest = next(iter(self._sessions.items()))
+        if now - oldest.last_used >= self.evict_after_s and oldest.in_use == 0:
+            del self._sessions[sid]
+            return True
         return False
 
     def _fresh_id(self) -> int:

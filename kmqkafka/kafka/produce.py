@@ -5,8 +5,12 @@ is UNSUPPORTED_FOR_MESSAGE_FORMAT), each with a good CRC (else CORRUPT_MESSAGE) 
 the topic's ``max.message.bytes`` when set, else ``CONNECTORS_KAFKA_MAX_MESSAGE_BYTES`` (else
 MESSAGE_TOO_LARGE). Every check runs before anything of that partition is appended, so a bad
 partition stores nothing and never fails the other partitions of the request. Records are never
-decoded: the only per-batch work is the header check, the CRC, and stamping the leader epoch
-(and, for LogAppendTime topics, the append time) into a copy of the batch as Kafka does.
+decoded: the only per-batch work is the header check and the CRC, and a single-batch blob (the
+usual case) reaches the store as the very ``bytes`` object kio decoded, with no copy. The
+partition leader epoch field is stored as the producer sent it (clients send -1, "unknown", so
+consumers skip epoch validation); Kafka stamps its epoch there, which would cost a copy here.
+Topics with ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit,
+max timestamp = broker time, new CRC) in a copy of the batch.
 
 acks: 0 → no response; 1 → answered once the batches are in the page cache; -1 → once fsynced
 (group commit); anything else → INVALID_REQUIRED_ACKS on every partition.
@@ -37,7 +41,6 @@ from kmqkafka.store.names import channel_for
 API_KEY = 0
 MIN_VERSION = 3
 MAX_VERSION = 13
-LEADER_EPOCH = 0
 
 log = Logger()
 
@@ -148,8 +151,12 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             continue
         channel = channel_for(topic.name, index)
         now_ms = int(broker.reactor.seconds() * 1000) if log_append else -1
-        appends = [store.append_batch(channel, _stamp(blob, pos, size, now_ms), durable=durable)
-                   for pos, size in batches]
+        if len(batches) == 1 and now_ms < 0:
+            appends = [store.append_batch(channel, blob, durable=durable)]
+        else:
+            appends = [store.append_batch(channel, _stamp(blob, pos, size, now_ms),
+                                          durable=durable)
+                       for pos, size in batches]
         metric.labels(topic.name).inc(len(blob))
         if len(appends) == 1:
             d = appends[0]
@@ -196,16 +203,16 @@ def _check(blob: bytes | None, limit: int) -> list[tuple[int, int]]:
     return out
 
 
-def _stamp(blob: bytes, pos: int, size: int, now_ms: int) -> bytearray:
-    """A copy of one batch with Kafka's broker-side stamps: leader epoch, LogAppendTime."""
+def _stamp(blob: bytes, pos: int, size: int, now_ms: int) -> bytes:
+    """One batch of ``blob`` as bytes; for LogAppendTime (``now_ms >= 0``) Kafka's rewrite."""
+    if now_ms < 0:
+        return blob[pos:pos + size]
     buf = bytearray(memoryview(blob)[pos:pos + size])
-    records.set_partition_leader_epoch(buf, LEADER_EPOCH)
-    if now_ms >= 0:
-        (attrs,) = _ATTRS.unpack_from(buf, 21)
-        _ATTRS.pack_into(buf, 21, attrs | records.TIMESTAMP_TYPE_LOG_APPEND)
-        _MAX_TS.pack_into(buf, 35, now_ms)
-        _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
-    return buf
+    (attrs,) = _ATTRS.unpack_from(buf, 21)
+    _ATTRS.pack_into(buf, 21, attrs | records.TIMESTAMP_TYPE_LOG_APPEND)
+    _MAX_TS.pack_into(buf, 35, now_ms)
+    _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
+    return bytes(buf)
 
 
 def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:

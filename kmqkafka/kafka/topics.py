@@ -16,15 +16,18 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred
+from twisted.logger import Logger
 
 from kmqkafka.kafka.errors import KafkaError
 from kmqkafka.store import commands as c
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.names import channel_for
+
+_log = Logger()
 
 MAX_PARTITIONS = 256
 MAX_TOPIC_NAME = 249
@@ -207,6 +210,23 @@ class TopicCatalog:
         self._store = store
         self._cache: dict[str, tuple[bytes, Topic]] = {}
         self.default_partitions = default_partitions
+        self._grown_listeners: list[Callable[[Topic], None]] = []
+
+    def on_partitions_added(self, listener: Callable[[Topic], None]) -> None:
+        """Call ``listener(topic)`` after a durable partition-count increase.
+
+        For the group coordinator: the seed wants every group subscribed to the topic
+        rebalanced. Listener exceptions are logged and do not fail the request.
+        """
+        self._grown_listeners.append(listener)
+
+    def _grown(self, topic: Topic) -> Topic:
+        for listener in self._grown_listeners:
+            try:
+                listener(topic)
+            except Exception:
+                _log.failure("partitions-added listener failed for {topic}", topic=topic.name)
+        return topic
 
     # --- lookups ----------------------------------------------------------------------
 
@@ -304,7 +324,7 @@ class TopicCatalog:
         cmds = [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
                 for p in range(topic.partitions, count)]
         cmds.append(self._put(grown))
-        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: grown)
+        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: self._grown(grown))
 
     def set_configs(
         self, name: str, configs: Mapping[str, str | None], *, replace: bool,

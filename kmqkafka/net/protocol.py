@@ -14,7 +14,6 @@ Everything here runs on the reactor thread.
 """
 from __future__ import annotations
 
-import io
 import struct
 from collections import deque
 from typing import Any
@@ -33,6 +32,7 @@ from twisted.python.failure import Failure
 from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher, api_name
 from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
 from kmqkafka.metrics import Metrics
+from kmqkafka.net.chunks import Chunk, ChunkWriter
 
 MAX_IN_FLIGHT = 64
 RESUME_IN_FLIGHT = 16
@@ -47,6 +47,19 @@ def _peer_text(address: IAddress | None) -> str:
     port = getattr(address, "port", None)
     return f"{host}:{port}" if host is not None else str(address)
 
+
+READ_SIZE = 1 << 20
+
+
+def _tune_socket(transport: Any) -> None:
+    """TCP_NODELAY and large reads on the TCP transport (under TLS, the wrapped one)."""
+    tcp = getattr(transport, "transport", None) or transport
+    for t in {id(transport): transport, id(tcp): tcp}.values():
+        nodelay = getattr(t, "setTcpNoDelay", None)
+        if nodelay is not None:
+            nodelay(True)
+        if hasattr(t, "bufferSize"):
+            t.bufferSize = READ_SIZE
 
 class _Slot:
     """One request's place in the connection's response order."""
@@ -91,6 +104,9 @@ class KafkaProtocol(Protocol):
             self.transport.abortConnection()
             return
         self._counted = True
+        # Kafka answers small requests (acks, heartbeats) at once: no Nagle delay. Big
+        # produce requests are read in large slices, not 64 KiB at a time.
+        _tune_socket(self.transport)
         self.factory.connection_opened(self)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
@@ -243,7 +259,7 @@ class KafkaProtocol(Protocol):
 
     def _flush(self) -> None:
         """Write every finished response at the head of the queue, in request order."""
-        out: list[bytes] = []
+        out: list[Chunk] = []
         while self._pending and self._pending[0].done:
             slot = self._pending.popleft()
             if slot.result is NO_RESPONSE:
@@ -255,7 +271,7 @@ class KafkaProtocol(Protocol):
                 return
             correlation_id, response, header_version = slot.result
             try:
-                out.append(self._encode(correlation_id, response, header_version))
+                out.extend(self._encode(correlation_id, response, header_version))
             except Exception:
                 self.log.failure("cannot encode {response_type} for {peer}",
                                  response_type=type(response).__name__, peer=self.peer)
@@ -274,16 +290,13 @@ class KafkaProtocol(Protocol):
             self._fire_drained()
 
     @staticmethod
-    def _encode(correlation_id: int, response: Any, header_version: int) -> bytes:
+    def _encode(correlation_id: int, response: Any, header_version: int) -> list[Chunk]:
+        """The framed response as chunks; large values (stored batches) stay uncopied."""
         header_type = _RESPONSE_HEADERS[header_version]
-        out = io.BytesIO()
-        out.write(b"\0\0\0\0")
+        out = ChunkWriter()
         entity_writer(header_type)(out, header_type(correlation_id=i32(correlation_id)))
         entity_writer(type(response))(out, response)
-        data = out.getbuffer()
-        _PREFIX.pack_into(data, 0, len(data) - 4)
-        del data
-        return out.getvalue()
+        return [_PREFIX.pack(out.size), *out.chunks()]
 
     # -- shutdown ------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 from twisted.logger import Logger
 
+from kmqkafka.records import NewRecord, iter_records
 from kmqkafka.store import commands as c
 from kmqkafka.store import snapshot
 from kmqkafka.store.config import LogConfig
@@ -284,8 +285,6 @@ class StateMachine:
             ch.install_compaction(result)
 
     def _apply_QueueSend(self, cmd: c.QueueSend) -> list[int]:
-        from kmqkafka.records import iter_records, NewRecord
-
         queue = self.queue(cmd.name)
         recs = [
             NewRecord(value=r.value, key=r.key, headers=r.headers, timestamp=r.timestamp)

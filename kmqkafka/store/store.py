@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from twisted.internet import threads
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -242,8 +242,10 @@ class ChannelStore:
         fires after the write reaches the page cache (Kafka acks=1); readers
         still only see it after the group fsync.
         """
-        if not internal and name.startswith("_kafka."):
-            return _failed(check_client_channel_error(name))
+        try:
+            self._check(name, internal)
+        except Exception as exc:
+            return _failed(exc)
         return self.propose(c.Append(name, self.now_ms(), bytes(batch)), durable=durable)
 
     def append_records(
@@ -299,8 +301,6 @@ class ChannelStore:
         ds = [self.compact(n) for n in names]
         if not ds:
             return succeed(0)
-        from twisted.internet.defer import gatherResults
-
         return gatherResults(ds, consumeErrors=True).addCallback(len)
 
     def compact(self, name: str) -> Deferred:
@@ -336,8 +336,10 @@ class ChannelStore:
 
     def queue_send(self, name: str, records: Sequence[NewRecord], *, internal: bool = False) -> Deferred:
         """Enqueue messages; fires with their Sequences once durable."""
-        if not internal and name.startswith("_kafka."):
-            return _failed(check_client_channel_error(name))
+        try:
+            self._check(name, internal)
+        except Exception as exc:
+            return _failed(exc)
         batch = build_batch(records, now_ms=self.now_ms())
         return self.propose(c.QueueSend(name, self.now_ms(), batch))
 
@@ -387,14 +389,6 @@ class ChannelStore:
         return self._proposer.drain()
 
 
-def check_client_channel_error(name: str) -> Exception:
-    try:
-        check_client_channel(name)
-    except Exception as exc:  # noqa: BLE001 - we return what the check raised
-        return exc
-    return ValueError(name)
-
-
 def _failed(exc: BaseException) -> Deferred:
     d: Deferred = Deferred()
     d.errback(exc)
@@ -402,8 +396,6 @@ def _failed(exc: BaseException) -> Deferred:
 
 
 def _chain(ds: list[Deferred]) -> Deferred:
-    from twisted.internet.defer import gatherResults
-
     return gatherResults(ds, consumeErrors=True)
 
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
-import socket
-import struct
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,9 +18,9 @@ from confluent_kafka import KafkaException, Producer, TopicCollection, TopicPart
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
 
 from conftest import HOST, BrokerProcess, start_broker
+from rawkafka import RawClient
 
 WAIT = 15.0
 TIMEOUT = datetime.timedelta(seconds=30)
@@ -59,34 +56,11 @@ def partitions_of(admin: AdminClient, topic: str) -> int:
 # --- raw kio frames ---------------------------------------------------------------------
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return bytes(data)
-
-
 def call(kafka: BrokerProcess, api_key: int, version: int, **fields: Any) -> Any:
     """Send one request built from ``fields`` and decode its response (bounded wait)."""
-    req_type = load_request_schema(api_key, version)
-    header_type = req_type.__header_schema__
-    buf = io.BytesIO()
-    entity_writer(header_type)(buf, header_type(request_api_key=api_key,
-                                                request_api_version=version,
-                                                correlation_id=7, client_id="admin-test"))
-    entity_writer(req_type)(buf, req_type(**fields))
-    payload = buf.getvalue()
-    with socket.create_connection((HOST, kafka.kafka_port), timeout=WAIT) as s:
-        s.sendall(struct.pack(">i", len(payload)) + payload)
-        (size,) = struct.unpack(">i", _recv_exact(s, 4))
-        data = _recv_exact(s, size)
-    resp_type = load_response_schema(api_key, version)
-    _header, used = entity_reader(resp_type.__header_schema__)(data, 0)
-    body, _n = entity_reader(resp_type)(data, used)
-    return body
+    request = load_request_schema(api_key, version)(**fields)
+    with RawClient(kafka.kafka_port, timeout=WAIT) as client:
+        return client.call(request)
 
 
 def nested(api_key: int, version: int, name: str, request: bool = True) -> type:
@@ -178,6 +152,25 @@ def test_duplicate_names_in_one_request_are_invalid_request(kafka: BrokerProcess
     response = call(kafka, 19, 7, topics=(t, t), timeout=TIMEOUT, validate_only=False)
     assert [(r.name, r.error_code) for r in response.topics] == [
         ("ct-twice", ErrorCode.invalid_request)]
+
+
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7])
+def test_every_advertised_create_and_delete_version(kafka: BrokerProcess, version: int) -> None:
+    """Older clients (kcat on librdkafka 2.0, kafka-python) negotiate lower versions."""
+    name = f"ver-{version}"
+    topic_cls = nested(19, version, "CreatableTopic")
+    created = call(kafka, 19, version, timeout=TIMEOUT, validate_only=False, topics=(
+        topic_cls(name=name, num_partitions=2, replication_factor=1, assignments=(),
+                  configs=()),)).topics[0]
+    assert (created.name, created.error_code) == (name, ErrorCode.none)
+    delete_version = version - 1  # DeleteTopics v1..v6 pairs with CreateTopics v2..v7
+    if delete_version < 6:
+        deleted = call(kafka, 20, delete_version, timeout=TIMEOUT, topic_names=(name,))
+    else:
+        state = nested(20, 6, "DeleteTopicState")
+        deleted = call(kafka, 20, 6, timeout=TIMEOUT,
+                       topics=(state(name=name, topic_id=uuid.UUID(int=0)),))
+    assert [(r.name, r.error_code) for r in deleted.responses] == [(name, ErrorCode.none)]
 
 
 # --- CreatePartitions (seed 004) -------------------------------------------------------

@@ -63,7 +63,7 @@ def payloads(tag: str, binary: bool) -> list[tuple[bytes, bytes, list[tuple[str,
 
 def produce_confluent(bootstrap: str, topic: str, codec: str, rows: list) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20,
-                  "acks": "all"})
+                  "acks": "all", "enable.idempotence": True})
     errors: list[Any] = []
     for key, value, headers, ts in rows:
         p.produce(topic, value=value, key=key, headers=headers, timestamp=ts,
@@ -74,9 +74,8 @@ def produce_confluent(bootstrap: str, topic: str, codec: str, rows: list) -> Non
 def produce_kafka_python(bootstrap: str, topic: str, codec: str, rows: list) -> None:
     from kafka import KafkaProducer
 
-    # kafka-python 3 turns idempotence on by default; InitProducerId is not served yet.
+    # kafka-python 3 is idempotent by default: its batches carry a producer id and sequence.
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, acks="all",
-                      enable_idempotence=False,
                       compression_type=None if codec == "none" else codec)
     try:
         futures = [p.send(topic, value=v, key=k, headers=h, timestamp_ms=ts)

@@ -18,6 +18,7 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     ConfigSource,
+    NewPartitions,
     NewTopic,
 )
 
@@ -105,6 +106,20 @@ def test_describe_synonyms_and_name_filter(kafka: BrokerProcess) -> None:
     assert retention.config_type == 5  # LONG
     assert retention.documentation
     assert missing.error_code == 3
+
+
+def test_describe_configs_v1_for_older_clients(kafka: BrokerProcess) -> None:
+    """librdkafka 2.0 (kcat) speaks DescribeConfigs v1: sources and synonyms, no types."""
+    from kio.schema.describe_configs.v1.request import DescribeConfigsResource
+    from test_admin import call, create
+
+    create(kafka, "dc-v1", 1)
+    response = call(kafka, 32, 1, include_synonyms=True, resources=(
+        DescribeConfigsResource(resource_type=2, resource_name="dc-v1",
+                                configuration_keys=("cleanup.policy",)),))
+    (entry,) = response.results[0].configs
+    assert (entry.name, entry.value, entry.config_source) == ("cleanup.policy", "delete", 5)
+    assert [s.name for s in entry.synonyms] == ["log.cleanup.policy"]
 
 
 def test_describe_unknown_topic_and_broker(admin: AdminClient) -> None:
@@ -249,3 +264,28 @@ def test_aiokafka_describe_configs(kafka: BrokerProcess, admin: AdminClient) -> 
 
     responses = asyncio.run(asyncio.wait_for(run(), WAIT * 2))
     assert "2097152" in repr(responses)
+
+
+def test_topic_configs_and_partitions_survive_restart(tmp_path: Path) -> None:
+    b = start_broker(tmp_path)
+    try:
+        client = AdminClient({"bootstrap.servers": b.bootstrap})
+        make_topic(client, "durable-cfg", 1, {"retention.bytes": "12345"})
+        client.create_partitions([NewPartitions("durable-cfg", 3)])["durable-cfg"].result(WAIT)
+        resource = ConfigResource("topic", "durable-cfg", incremental_configs=[
+            ConfigEntry("segment.bytes", "2000000", incremental_operation=AlterConfigOpType.SET)])
+        (future,) = client.incremental_alter_configs([resource]).values()
+        future.result(WAIT)
+        b.stop()
+        b.restart()
+        client = AdminClient({"bootstrap.servers": b.bootstrap})
+        configs = describe(client, "durable-cfg")
+        assert configs["retention.bytes"].value == "12345"
+        assert configs["segment.bytes"].value == "2000000"
+        md = client.list_topics("durable-cfg", timeout=WAIT)
+        assert len(md.topics["durable-cfg"].partitions) == 3
+        # The grown partition got the topic's configs too.
+        assert channel_config(b, "durable-cfg", 2)["retention_bytes"] == 12345
+        assert channel_config(b, "durable-cfg", 2)["segment_bytes"] == 2000000
+    finally:
+        b.stop()

@@ -145,3 +145,36 @@ def test_below_v7_there_are_no_sessions() -> None:
     ctx = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0,
                         sessions_supported=False)
     assert ctx.session_id == 0 and len(c) == 0
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+KEYS = [("a", 0), ("a", 1), ("b", 0), ("c", 3)]
+step = st.tuples(
+    st.dictionaries(st.sampled_from(KEYS), st.integers(0, 100), max_size=3),  # (re)fetched
+    st.sets(st.sampled_from(KEYS), max_size=2),                              # forgotten
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(KEYS), st.integers(0, 100), min_size=1),
+       st.lists(step, max_size=12))
+def test_session_partitions_follow_the_requests(initial: dict, steps: list) -> None:
+    """After any sequence of incremental fetches the session holds exactly what a model says:
+    forgotten partitions leave, fetched ones join or move, everything else keeps its offset."""
+    c = cache()
+    model = dict(initial)
+    full = c.new_context(0, INITIAL_EPOCH, [Wanted(k, o, 1) for k, o in initial.items()], [],
+                         uses_topic_ids=False, now=0)
+    sid, epoch = full.session_id, 1
+    for fetched, forgotten in steps:
+        ctx = c.new_context(sid, epoch, [Wanted(k, o, 1) for k, o in fetched.items()], forgotten,
+                            uses_topic_ids=False, now=epoch)
+        model.update(fetched)
+        for k in forgotten:  # forgetting wins over fetching in the same request, as in Kafka
+            model.pop(k, None)
+        assert ctx.error is ErrorCode.none
+        assert {w.key: w.fetch_offset for w in ctx.wanted} == model
+        ctx.done()
+        epoch += 1

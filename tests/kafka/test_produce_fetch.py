@@ -133,13 +133,13 @@ def produce(raw: Raw, topic: str, parts: dict[int, bytes | None], *, version: in
 def fetch(raw: Raw, topic: str, offsets: dict[int, int], *, version: int = 11,
           max_wait_ms: int = 0, min_bytes: int = 1, max_bytes: int = 50 << 20,
           partition_max_bytes: int = 1 << 20, session_id: int = 0, session_epoch: int = -1,
-          topic_id: uuid.UUID | None = None) -> Any:
+          topic_id: uuid.UUID | None = None, isolation_level: int = 0) -> Any:
     partitions = [{"partition": p, "fetch_offset": o, "partition_max_bytes": partition_max_bytes,
                    "current_leader_epoch": -1, "last_fetched_epoch": -1, "log_start_offset": -1}
                   for p, o in offsets.items()]
     topics = [{"topic": topic, "topic_id": topic_id, "partitions": partitions}] if offsets else []
     return raw.call(1, version, replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms),
-                    min_bytes=min_bytes, max_bytes=max_bytes, isolation_level=0,
+                    min_bytes=min_bytes, max_bytes=max_bytes, isolation_level=isolation_level,
                     session_id=session_id, session_epoch=session_epoch, topics=topics,
                     forgotten_topics_data=[], rack_id="")
 
@@ -176,12 +176,13 @@ def test_produce_assigns_dense_offsets_and_fetch_returns_the_stored_bytes(raw: R
     (p,) = parts_of(fetch(raw, topic, {0: 0})).values()
     assert p.error_code is E.none and p.high_watermark == 6 and p.log_start_offset == 0
     assert p.last_stable_offset == 6 and p.aborted_transactions is None
-    # Stored as sent, except the base offset and the leader epoch (0) the broker stamps.
+    committed = parts_of(fetch(raw, topic, {0: 0}, isolation_level=1))[0]
+    assert committed.aborted_transactions == () and committed.records == p.records
+    # Stored as sent, except the base offset the broker assigns.
     expected = b""
     for base, b in zip((0, 3, 5), sent):
         copy = bytearray(b)
         records.set_base_offset(copy, base)
-        records.set_partition_leader_epoch(copy, 0)
         expected += bytes(copy)
     assert bytes(p.records) == expected
 
@@ -473,3 +474,175 @@ def test_offset_for_leader_epoch(raw: Raw) -> None:
     assert (got.leader_epoch, got.end_offset) == (-1, -1)
     assert ask(0, current=1).error_code is E.unknown_leader_epoch
     assert ask(0, partition=9).error_code is E.unknown_topic_or_partition
+
+
+# --- topic configs, partitions, producer ids, metrics -----------------------------------------
+
+
+def create_topic(raw: Raw, name: str, partitions: int = 1, **configs: str) -> None:
+    response = raw.call(19, 5, topics=[{
+        "name": name, "num_partitions": partitions, "replication_factor": 1, "assignments": [],
+        "configs": [{"name": k.replace("_", "."), "value": v} for k, v in configs.items()]}],
+        timeout=datetime.timedelta(seconds=5), validate_only=False)
+    assert response.topics[0].error_code is E.none, response
+
+
+def test_log_append_time_topic_rewrites_the_batch_timestamp(raw: Raw) -> None:
+    topic = unique("lat")
+    create_topic(raw, topic, message_timestamp_type="LogAppendTime")
+    before = time.time() * 1000
+    (r,) = produce(raw, topic, {0: batch(3, ts=1000)}).values()
+    after = time.time() * 1000
+    assert r.error_code is E.none and r.log_append_time is not None
+    append_ms = r.log_append_time.timestamp() * 1000
+    assert before - 5 <= append_ms <= after + 5
+    stored = parts_of(fetch(raw, topic, {0: 0}))[0].records
+    header = records.validate_batch(stored)  # the rewritten CRC is right
+    assert header.attributes & records.TIMESTAMP_TYPE_LOG_APPEND
+    assert header.max_timestamp == int(append_ms)
+    # CreateTime topics answer log_append_time -1 (decoded as None).
+    assert produce(raw, unique("ct"), {0: batch()})[0].log_append_time is None
+
+
+def test_topic_max_message_bytes_overrides_the_broker_limit(raw: Raw) -> None:
+    topic = unique("topic-limit")
+    create_topic(raw, topic, max_message_bytes="2000")
+    assert produce(raw, topic, {0: batch(1, value_size=1500)})[0].error_code is E.none
+    assert produce(raw, topic, {0: batch(1, value_size=2500)})[0].error_code is E.message_too_large
+
+
+def test_partitions_are_independent_offset_spaces(raw: Raw) -> None:
+    topic = unique("parts")
+    create_topic(raw, topic, partitions=3)
+    answers = produce(raw, topic, {0: batch(2), 2: batch(5)})
+    assert (answers[0].base_offset, answers[2].base_offset) == (0, 0)
+    answers = produce(raw, topic, {2: batch(1), 1: batch(1)})
+    assert (answers[2].base_offset, answers[1].base_offset) == (5, 0)
+    got = parts_of(fetch(raw, topic, {0: 0, 1: 0, 2: 0}))
+    assert [got[p].high_watermark for p in range(3)] == [2, 1, 6]
+
+
+def test_batches_with_a_producer_id_are_stored_as_sent(raw: Raw) -> None:
+    topic = unique("pid")
+    b = build_batch([NewRecord(value=b"x")], now_ms=1, producer_id=42, producer_epoch=0,
+                    base_sequence=0)
+    assert produce(raw, topic, {0: b})[0].error_code is E.none
+    stored = parts_of(fetch(raw, topic, {0: 0}))[0].records
+    header = records.read_header(stored)
+    assert (header.producer_id, header.base_sequence) == (42, 0)
+
+
+def test_bytes_in_and_out_are_counted_per_topic(broker: BrokerProcess, raw: Raw) -> None:
+    from conftest import http_get
+
+    topic = unique("metrics")
+    b = batch(4)
+    produce(raw, topic, {0: b})
+    fetch(raw, topic, {0: 0})
+    text = http_get(broker.http_port, "/metrics").decode()
+
+    def value(metric: str) -> float:
+        for line in text.splitlines():
+            if line.startswith(f'{metric}{{topic="{topic}"}}'):
+                return float(line.split()[-1])
+        raise AssertionError(f"{metric} for {topic} missing")
+
+    assert value("kmqkafka_kafka_topic_bytes_in_total") == len(b)
+    assert value("kmqkafka_kafka_topic_bytes_out_total") == len(b)
+
+
+# --- in process, on a fake clock: parking, waking, cancelling -----------------------------------
+
+
+class InProcess:
+    """The Fetch/Produce handlers over a real store on a ``task.Clock`` (no sockets, no threads)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        from prometheus_client import CollectorRegistry
+        from twisted.internet.task import Clock
+
+        from kmqkafka.config import Settings
+        from kmqkafka.kafka.context import Broker
+        from kmqkafka.kafka.topics import TopicCatalog
+        from kmqkafka.metrics import Metrics
+        from kmqkafka.store.store import ChannelStore
+
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.store = ChannelStore(tmp_path / "data", self.clock, threaded_io=False)
+        self.store.start()
+        self.broker = Broker(settings=Settings(), reactor=self.clock,
+                             metrics=Metrics(CollectorRegistry()), store=self.store,
+                             extras={"topics": TopicCatalog(self.store)})
+
+    def ctx(self, api_key: int, version: int) -> Any:
+        from kmqkafka.dispatch import Dispatcher
+        from kmqkafka.kafka.context import RequestContext
+
+        return RequestContext(api_key=api_key, api_version=version, correlation_id=1,
+                              client_id="t", response_type=Dispatcher().response_type(
+                                  api_key, version), broker=self.broker)
+
+    def produce(self, topic: str, data: bytes, flush: bool = True) -> None:
+        from kmqkafka.kafka import produce as produce_api
+
+        request = _build(load_request_schema(0, 9), dict(
+            transactional_id=None, acks=1, timeout=datetime.timedelta(seconds=1),
+            topic_data=[{"name": topic, "partition_data": [{"index": 0, "records": data}]}]))
+        out: list[Any] = []
+        produce_api.handle(request, self.ctx(0, 9)).addBoth(out.append)
+        if flush:
+            self.clock.advance(0)  # group commit
+        assert out and out[0].responses[0].partition_responses[0].error_code is E.none
+
+    def fetch(self, topic: str, offset: int, max_wait_ms: int) -> Any:
+        from kmqkafka.kafka import fetch as fetch_api
+
+        request = _build(load_request_schema(1, 11), dict(
+            replica_id=-1, max_wait=datetime.timedelta(milliseconds=max_wait_ms), min_bytes=1,
+            max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+            topics=[{"topic": topic, "partitions": [
+                {"partition": 0, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
+                 "current_leader_epoch": -1, "log_start_offset": -1}]}],
+            forgotten_topics_data=[], rack_id=""))
+        return fetch_api.handle(request, self.ctx(1, 11))
+
+
+def test_parked_fetch_times_out_on_the_clock(tmp_path: Path) -> None:
+    env = InProcess(tmp_path)
+    env.produce("t", batch())
+    d = env.fetch("t", 1, max_wait_ms=500)
+    out: list[Any] = []
+    d.addCallback(out.append)
+    env.clock.advance(0.499)
+    assert out == [] and len(env.store.waiters) == 1
+    env.clock.advance(0.001)
+    assert out and not parts_of(out[0])[0].records and len(env.store.waiters) == 0
+
+
+def test_parked_fetch_wakes_on_the_group_commit_not_before(tmp_path: Path) -> None:
+    env = InProcess(tmp_path)
+    env.produce("t", batch())
+    out: list[Any] = []
+    env.fetch("t", 1, max_wait_ms=500).addCallback(out.append)
+    env.produce("t", batch(2), flush=False)  # acks=1: answered from the page cache
+    assert out == []  # not durable yet, so not visible
+    env.clock.advance(0)  # the group commit
+    assert out and parts_of(out[0])[0].high_watermark == 3
+    assert len(records.split_batches(parts_of(out[0])[0].records)) == 1
+
+
+def test_cancelling_a_parked_fetch_releases_its_waiter(tmp_path: Path) -> None:
+    from twisted.internet.defer import CancelledError
+
+    env = InProcess(tmp_path)
+    env.produce("t", batch())
+    d = env.fetch("t", 1, max_wait_ms=30_000)
+    failures: list[Any] = []
+    d.addErrback(failures.append)
+    assert len(env.store.waiters) == 1
+    d.cancel()  # what the protocol does when the connection goes
+    assert failures and failures[0].check(CancelledError)
+    assert len(env.store.waiters) == 0
+    env.clock.advance(31)  # the cancelled wait's timer is gone too: nothing fires
+    assert len(failures) == 1

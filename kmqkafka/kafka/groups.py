@@ -1,0 +1,250 @@
+"""Consumer-group APIs: FindCoordinator (10), JoinGroup (11), Heartbeat (12), LeaveGroup (13),
+SyncGroup (14), DescribeGroups (15), ListGroups (16), DeleteGroups (42).
+
+Thin handlers over ``kmqkafka.coordinators.group.GroupCoordinator``: they turn kio requests into
+coordinator calls and results into kio responses of the request's version. The coordinator
+lives at ``broker.extras["groups"]`` (``coordinator(broker)`` creates it on first use and
+registers the lag collector; ``install(broker)`` does that eagerly from the tap). It loads its
+durable state on first use after the store has recovered. The CreatePartitions handler calls
+``broker.extras["groups"].rebalance_groups_subscribed_to(topic)``.
+
+This broker is the coordinator of every group (a one-node cluster), so FindCoordinator answers
+with this node for groups; transaction coordinators are not served yet
+(COORDINATOR_NOT_AVAILABLE), share-group keys get INVALID_REQUEST.
+"""
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred
+
+from kmqkafka.coordinators.group import GroupCoordinator, JoinRequest, JoinResult, SyncResult
+from kmqkafka.coordinators.offsets import LagCollector
+from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
+from kmqkafka.kafka.context import Broker, RequestContext
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+
+FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
+DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
+KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION = 0, 1
+_NO_OPERATIONS = -2147483648
+
+
+def install(broker: Broker) -> GroupCoordinator:
+    """Create the broker's group coordinator (idempotent) and register its lag metric.
+
+    Safe before the store has started: state is loaded on first use.
+    """
+    existing = broker.extras.get("groups")
+    if existing is not None:
+        return existing
+    coordinator = GroupCoordinator(broker.reactor, broker.store,
+                                   max_groups=broker.settings.kafka_max_groups)
+    broker.extras["groups"] = coordinator
+
+    def ready() -> bool:
+        if not coordinator.loaded and getattr(broker.store, "started", False):
+            coordinator.load()
+        return coordinator.loaded
+
+    broker.metrics.registry.register(LagCollector(coordinator.offsets, broker.store, ready))
+    return coordinator
+
+
+def coordinator(broker: Broker) -> GroupCoordinator:
+    """The loaded group coordinator of ``broker`` (created on first use)."""
+    c = broker.extras.get("groups") or install(broker)
+    if not c.loaded:
+        c.load()
+    return c
+
+
+def _ms(value: Any) -> int:
+    if isinstance(value, datetime.timedelta):
+        return int(value.total_seconds() * 1000)
+    return int(value)
+
+
+def _client_host(ctx: RequestContext) -> str:
+    host = ctx.peer.rsplit(":", 1)[0] if ctx.peer else ""
+    return f"/{host}" if host else ""
+
+
+# --- FindCoordinator --------------------------------------------------------------------
+
+
+def find_coordinator(request: Any, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    me = identity.node_id(ctx.broker)
+    host, port = identity.advertised(ctx.broker, ctx.listener)
+    key_type = int(getattr(request, "key_type", 0))
+
+    def answer(key: str) -> tuple[ErrorCode, str | None]:
+        if key_type == KEY_TYPE_GROUP:
+            return ErrorCode.none, None
+        if key_type == KEY_TYPE_TRANSACTION:
+            return ErrorCode.coordinator_not_available, "transactions are not supported yet"
+        return ErrorCode.invalid_request, f"unsupported key type {key_type}"
+
+    if ctx.api_version < 4:
+        code, message = answer(request.key)
+        ok = code is ErrorCode.none
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code,
+                    error_message=message, node_id=me if ok else -1, host=host if ok else "",
+                    port=port if ok else -1)
+    out = []
+    for key in request.coordinator_keys:
+        code, message = answer(key)
+        ok = code is ErrorCode.none
+        out.append(make(t.Coordinator, key=key, node_id=me if ok else -1,
+                        host=host if ok else "", port=port if ok else -1, error_code=code,
+                        error_message=message))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, coordinators=tuple(out))
+
+
+# --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ------------------------------------
+
+
+def join_group(request: Any, ctx: RequestContext) -> Deferred | Any:
+    session_ms = _ms(request.session_timeout)
+    rebalance_ms = _ms(getattr(request, "rebalance_timeout", session_ms))
+    if rebalance_ms < 0:
+        rebalance_ms = session_ms
+    req = JoinRequest(
+        group_id=request.group_id, member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+        protocol_type=request.protocol_type,
+        protocols=tuple((p.name, bytes(p.metadata)) for p in request.protocols),
+        session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms,
+        client_id=ctx.client_id or "", client_host=_client_host(ctx),
+        require_known_member_id=ctx.api_version >= 4,
+        supports_skip_assignment=ctx.api_version >= 9)
+    d = coordinator(ctx.broker).join(req)
+    return d.addCallback(_join_response, ctx)
+
+
+def _join_response(result: JoinResult, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    members = tuple(make(t.JoinGroupResponseMember, member_id=m.member_id,
+                         group_instance_id=m.group_instance_id, metadata=m.metadata)
+                    for m in result.members)
+    protocol_name = result.protocol_name
+    if protocol_name is None and ctx.api_version < 7:
+        protocol_name = ""  # a non-nullable string before v7
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=result.error,
+                generation_id=result.generation_id, protocol_type=result.protocol_type,
+                protocol_name=protocol_name, leader=result.leader,
+                skip_assignment=result.skip_assignment, member_id=result.member_id,
+                members=members)
+
+
+def sync_group(request: Any, ctx: RequestContext) -> Deferred | Any:
+    assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
+    d = coordinator(ctx.broker).sync(
+        request.group_id, request.member_id, getattr(request, "group_instance_id", None),
+        int(request.generation_id), getattr(request, "protocol_type", None),
+        getattr(request, "protocol_name", None), assignments)
+    return d.addCallback(_sync_response, ctx)
+
+
+def _sync_response(result: SyncResult, ctx: RequestContext) -> Any:
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=result.error,
+                protocol_type=result.protocol_type, protocol_name=result.protocol_name,
+                assignment=result.assignment)
+
+
+def heartbeat(request: Any, ctx: RequestContext) -> Any:
+    code = coordinator(ctx.broker).heartbeat(
+        request.group_id, request.member_id, getattr(request, "group_instance_id", None),
+        int(request.generation_id))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code)
+
+
+def leave_group(request: Any, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    if ctx.api_version < 3:
+        top, errors = coordinator(ctx.broker).leave(request.group_id, [(request.member_id, None)])
+        code = top if top is not ErrorCode.none else errors[0]
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code)
+    wanted = [(m.member_id, m.group_instance_id) for m in request.members]
+    top, errors = coordinator(ctx.broker).leave(request.group_id, wanted)
+    members = () if top is not ErrorCode.none else tuple(
+        make(t.MemberResponse, member_id=member_id, group_instance_id=instance_id,
+             error_code=code)
+        for (member_id, instance_id), code in zip(wanted, errors))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=top, members=members)
+
+
+# --- DescribeGroups / ListGroups / DeleteGroups -----------------------------------------
+
+
+def describe_groups(request: Any, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    c = coordinator(ctx.broker)
+    out = []
+    for group_id in request.groups:
+        described = c.describe(group_id)
+        if described is None:
+            code = ErrorCode.group_id_not_found if ctx.api_version >= 6 else ErrorCode.none
+            out.append(make(t.DescribedGroup, error_code=code,
+                            error_message=f"Group {group_id} not found." if ctx.api_version >= 6
+                            else None,
+                            group_id=group_id, group_state="Dead", protocol_type="",
+                            protocol_data="", members=(),
+                            authorized_operations=_NO_OPERATIONS))
+            continue
+        members = tuple(
+            make(t.DescribedGroupMember, member_id=m.member_id,
+                 group_instance_id=m.group_instance_id, client_id=m.client_id,
+                 client_host=m.client_host, member_metadata=m.metadata,
+                 member_assignment=m.assignment)
+            for m in described.members)
+        out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
+                        group_id=group_id, group_state=described.state,
+                        protocol_type=described.protocol_type,
+                        protocol_data=described.protocol_name, members=members,
+                        authorized_operations=_NO_OPERATIONS))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
+
+
+def list_groups(request: Any, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    states = {s.lower() for s in getattr(request, "states_filter", ())}
+    types = {s.lower() for s in getattr(request, "types_filter", ())}
+    out = []
+    for group_id, protocol_type, state in coordinator(ctx.broker).list_groups():
+        if states and state.lower() not in states:
+            continue
+        if types and "classic" not in types:
+            continue
+        out.append(make(t.ListedGroup, group_id=group_id, protocol_type=protocol_type,
+                        group_state=state, group_type="classic"))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                groups=tuple(out))
+
+
+def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
+    t = types_of(ctx)
+    names = list(request.groups_names)
+    d = coordinator(ctx.broker).delete_groups(names)
+    return d.addCallback(lambda results: make(
+        ctx.response_type, throttle_time=NO_THROTTLE,
+        results=tuple(make(t.DeletableGroupResult, group_id=g, error_code=results[g])
+                      for g in dict.fromkeys(names))))
+
+
+def register(dispatcher: Dispatcher) -> None:
+    dispatcher.register(FIND_COORDINATOR, find_coordinator, 0, 6)
+    dispatcher.register(JOIN_GROUP, join_group, 0, 9)
+    dispatcher.register(HEARTBEAT, heartbeat, 0, 4)
+    dispatcher.register(LEAVE_GROUP, leave_group, 0, 5)
+    dispatcher.register(SYNC_GROUP, sync_group, 0, 5)
+    dispatcher.register(DESCRIBE_GROUPS, describe_groups, 0, 6)
+    dispatcher.register(LIST_GROUPS, list_groups, 0, 5)
+    dispatcher.register(DELETE_GROUPS, delete_groups, 0, 2)
+
+
+__all__ = ["coordinator", "install", "register"]

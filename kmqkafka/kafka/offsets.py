@@ -1,0 +1,190 @@
+"""Committed-offset APIs: OffsetCommit (8), OffsetFetch (9), OffsetDelete (47).
+
+Group validation and storage live in ``kmqkafka.coordinators.group.GroupCoordinator``; this
+module checks what is per partition (topic exists, partition in range, metadata size) and builds
+responses. Commits answer only once durable. Per-partition errors never fail the whole request.
+
+* OffsetCommit v2–v9: a generation of -1 with no member id is a standalone ("simple") commit,
+  accepted only while the group has no members; otherwise the member and generation must match
+  (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS while
+  completing a rebalance). v10 (topic ids, KIP-848 era) is not offered.
+* OffsetFetch v1–v9: all committed partitions when ``topics`` is null (v2+), several groups per
+  request from v8. RequireStable (v7+) would answer UNSTABLE_OFFSET_COMMIT for partitions with
+  pending transactional offsets; with no transactions yet no offset is ever unstable.
+* OffsetDelete v0: GROUP_SUBSCRIBED_TO_TOPIC for topics an active consumer group subscribes to.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred
+
+from kmqkafka.coordinators.group import valid_group_id
+from kmqkafka.coordinators.offsets import MAX_METADATA_BYTES, CommittedOffset
+from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka.context import RequestContext
+from kmqkafka.kafka.groups import coordinator
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+
+OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
+
+
+def _partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCode:
+    found = ctx.broker.extras["topics"].get(topic)
+    if found is None or not 0 <= partition < found.partitions:
+        return ErrorCode.unknown_topic_or_partition
+    return ErrorCode.none
+
+
+# --- OffsetCommit -----------------------------------------------------------------------
+
+
+def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
+    t = types_of(ctx)
+    c = coordinator(ctx.broker)
+    generation = int(getattr(request, "generation_id_or_member_epoch", -1))
+    group_error, _ = c.validate_commit(request.group_id, generation, request.member_id,
+                                       getattr(request, "group_instance_id", None))
+    now_ms = int(ctx.broker.reactor.seconds() * 1000)
+    results: list[tuple[str, list[tuple[int, ErrorCode]]]] = []
+    commits: list[tuple[str, int, CommittedOffset]] = []
+    for topic in request.topics:
+        row: list[tuple[int, ErrorCode]] = []
+        for p in topic.partitions:
+            code = group_error
+            if code is ErrorCode.none:
+                code = _partition_error(ctx, topic.name, int(p.partition_index))
+            metadata = p.committed_metadata
+            if code is ErrorCode.none and metadata is not None and (
+                    len(metadata.encode()) > MAX_METADATA_BYTES):
+                code = ErrorCode.offset_metadata_too_large
+            if code is ErrorCode.none:
+                commits.append((topic.name, int(p.partition_index), CommittedOffset(
+                    offset=int(p.committed_offset),
+                    leader_epoch=int(getattr(p, "committed_leader_epoch", -1)),
+                    metadata=metadata, commit_ms=now_ms)))
+            row.append((int(p.partition_index), code))
+        results.append((topic.name, row))
+
+    def respond(stored_error: ErrorCode) -> Any:
+        topics = []
+        for name, row in results:
+            parts = tuple(make(t.OffsetCommitResponsePartition, partition_index=index,
+                               error_code=stored_error if code is ErrorCode.none else code)
+                          for index, code in row)
+            topics.append(make(t.OffsetCommitResponseTopic, name=name, partitions=parts))
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(topics))
+
+    if not commits:
+        return respond(ErrorCode.none)
+    d = c.commit_offsets(request.group_id, commits)
+    d.addCallbacks(lambda _: respond(ErrorCode.none),
+                   lambda f: respond(ErrorCode.coordinator_not_available))
+    return d
+
+
+# --- OffsetFetch ------------------------------------------------------------------------
+
+
+def _fetch_group(ctx: RequestContext, group_id: str,
+                 topics: list[tuple[str, list[int]]] | None
+                 ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, CommittedOffset | None]]]]]:
+    if not valid_group_id(group_id, allow_empty=True):
+        return ErrorCode.invalid_group_id, []
+    committed = coordinator(ctx.broker).fetch_offsets(group_id)
+    if topics is None:
+        by_topic: dict[str, list[tuple[int, CommittedOffset | None]]] = {}
+        for (topic, partition), c in sorted(committed.items()):
+            by_topic.setdefault(topic, []).append((partition, c))
+        return ErrorCode.none, list(by_topic.items())
+    return ErrorCode.none, [
+        (name, [(p, committed.get((name, p))) for p in partitions]) for name, partitions in topics
+    ]
+
+
+def offset_fetch(request: Any, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    # RequireStable: no transactional offsets exist yet, so nothing is ever unstable.
+    if ctx.api_version >= 8:
+        groups = []
+        for g in request.groups:
+            wanted = None if g.topics is None else [
+                (tp.name, [int(i) for i in tp.partition_indexes]) for tp in g.topics]
+            error, rows = _fetch_group(ctx, g.group_id, wanted)
+            topics = tuple(
+                make(t.OffsetFetchResponseTopics, name=name, partitions=tuple(
+                    _fetched(t.OffsetFetchResponsePartitions, index, c) for index, c in parts))
+                for name, parts in rows)
+            groups.append(make(t.OffsetFetchResponseGroup, group_id=g.group_id, topics=topics,
+                               error_code=error))
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(groups))
+    wanted = None if request.topics is None else [
+        (tp.name, [int(i) for i in tp.partition_indexes]) for tp in request.topics]
+    error, rows = _fetch_group(ctx, request.group_id, wanted)
+    if error is not ErrorCode.none and ctx.api_version < 2 and wanted is not None:
+        # v1 has no top-level error: report it on every partition.
+        topics = tuple(
+            make(t.OffsetFetchResponseTopic, name=name, partitions=tuple(
+                make(t.OffsetFetchResponsePartition, partition_index=p, committed_offset=-1,
+                     metadata="", error_code=error) for p in partitions))
+            for name, partitions in wanted)
+    else:
+        topics = tuple(
+            make(t.OffsetFetchResponseTopic, name=name, partitions=tuple(
+                _fetched(t.OffsetFetchResponsePartition, index, c) for index, c in parts))
+            for name, parts in rows)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=topics, error_code=error)
+
+
+def _fetched(cls: type, index: int, c: CommittedOffset | None) -> Any:
+    if c is None:
+        return make(cls, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
+                    metadata="", error_code=ErrorCode.none)
+    return make(cls, partition_index=index, committed_offset=c.offset,
+                committed_leader_epoch=c.leader_epoch, metadata=c.metadata,
+                error_code=ErrorCode.none)
+
+
+# --- OffsetDelete -----------------------------------------------------------------------
+
+
+def offset_delete(request: Any, ctx: RequestContext) -> Deferred:
+    t = types_of(ctx)
+    wanted: list[tuple[str, int]] = []
+    unknown: set[tuple[str, int]] = set()
+    for topic in request.topics:
+        for p in topic.partitions:
+            tp = (topic.name, int(p.partition_index))
+            wanted.append(tp)
+            if _partition_error(ctx, *tp) is not ErrorCode.none:
+                unknown.add(tp)
+    d = coordinator(ctx.broker).delete_offsets(
+        request.group_id, [tp for tp in wanted if tp not in unknown])
+
+    def respond(outcome: tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]) -> Any:
+        top, per = outcome
+        if top is not ErrorCode.none:
+            return make(ctx.response_type, error_code=top, throttle_time=NO_THROTTLE,
+                        topics=())
+        by_topic: dict[str, list[Any]] = {}
+        for tp in wanted:
+            code = ErrorCode.unknown_topic_or_partition if tp in unknown else per[tp]
+            by_topic.setdefault(tp[0], []).append(
+                make(t.OffsetDeleteResponsePartition, partition_index=tp[1], error_code=code))
+        return make(ctx.response_type, error_code=ErrorCode.none, throttle_time=NO_THROTTLE,
+                    topics=tuple(make(t.OffsetDeleteResponseTopic, name=name,
+                                      partitions=tuple(parts))
+                                 for name, parts in by_topic.items()))
+
+    d.addCallbacks(respond, lambda f: respond((ErrorCode.coordinator_not_available, {})))
+    return d
+
+
+def register(dispatcher: Dispatcher) -> None:
+    dispatcher.register(OFFSET_COMMIT, offset_commit, 2, 9)
+    dispatcher.register(OFFSET_FETCH, offset_fetch, 1, 9)
+    dispatcher.register(OFFSET_DELETE, offset_delete, 0, 0)
+
+
+__all__ = ["register"]

@@ -1,0 +1,83 @@
+"""Encoding responses as a list of chunks, so stored batches reach the socket uncopied.
+
+kio's writers call ``buffer.write`` field by field. ``ChunkWriter`` gathers
+small writes into one bytearray and keeps large ones (and every part of a
+``RecordChain``) as their own chunks; the protocol hands the list to
+``transport.writeSequence``. A Fetch response therefore carries the store's
+memoryviews to the transport without the join-and-copy a BytesIO would do.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+_SMALL = 16 * 1024
+
+Chunk = bytes | bytearray | memoryview
+
+
+class RecordChain:
+    """Several stored RecordBatches presented to kio as one ``records`` value.
+
+    kio only needs ``len()`` and ``buffer.write(value)``; ``ChunkWriter``
+    recognises the chain and keeps its parts separate. ``bytes(chain)`` joins
+    them for any other writer.
+    """
+
+    __slots__ = ("parts", "_size")
+
+    def __init__(self, parts: Sequence[Chunk]) -> None:
+        self.parts = list(parts)
+        self._size = sum(len(p) for p in self.parts)
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RecordChain):
+            return bytes(self) == bytes(other)
+        if isinstance(other, (bytes, bytearray, memoryview)):
+            return bytes(self) == bytes(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"RecordChain({len(self.parts)} parts, {self._size} bytes)"
+
+
+class ChunkWriter:
+    """A write-only buffer that returns its contents as a list of chunks."""
+
+    __slots__ = ("_chunks", "_tail", "size")
+
+    def __init__(self) -> None:
+        self._chunks: list[Chunk] = []
+        self._tail = bytearray()
+        self.size = 0
+
+    def write(self, data: Chunk | RecordChain) -> int:
+        n = len(data)
+        if isinstance(data, RecordChain):
+            self._seal()
+            self._chunks.extend(data.parts)
+        elif n >= _SMALL:
+            self._seal()
+            self._chunks.append(data)
+        else:
+            self._tail += data
+        self.size += n
+        return n
+
+    def _seal(self) -> None:
+        if self._tail:
+            self._chunks.append(bytes(self._tail))
+            self._tail = bytearray()
+
+    def chunks(self) -> list[Chunk]:
+        self._seal()
+        return self._chunks
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.chunks())

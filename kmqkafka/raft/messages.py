@@ -1,0 +1,357 @@
+"""Raft wire types: log entries, snapshots and the messages peers exchange.
+
+Everything here is an immutable value. ``encode``/``decode`` give a compact binary form a
+transport can carry; entry and snapshot data stay raw bytes (never re-encoded).
+
+Frame layout (big endian): ``u8 version, u8 type, u64 frm, u64 to, u64 term`` followed by the
+type's fields in declaration order: integers as u64, booleans as u8, byte strings as
+``u32 length + bytes``, entry lists as ``u32 count`` then per entry
+``u64 index, u64 term, u8 kind, u32 length, data``, a snapshot as
+``u64 index, u64 term, u32 n, n × u64 voter, u64 length, data``. Node id 0 means "none".
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, fields
+from typing import ClassVar, Union
+
+__all__ = [
+    "Append", "AppendResp", "ConfChange", "ConfChangeOp", "DecodeError", "Entry", "EntryKind",
+    "Heartbeat", "HeartbeatResp", "InstallSnapshot", "InstallSnapshotResp", "Message", "MsgType",
+    "PreVote", "PreVoteResp", "Snapshot", "SnapshotMeta", "TimeoutNow", "Vote", "VoteResp",
+    "decode", "encode",
+]
+
+_VERSION = 1
+
+
+class EntryKind(enum.IntEnum):
+    """What a log entry carries: an application command, a membership change, or nothing."""
+
+    NORMAL = 0
+    CONF_CHANGE = 1
+    NO_OP = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One log entry. ``(index, term)`` identifies it across the whole cluster."""
+
+    index: int
+    term: int
+    kind: EntryKind = EntryKind.NORMAL
+    data: bytes = b""
+
+    @property
+    def size(self) -> int:
+        """Bytes this entry costs on the wire (used by flow control)."""
+        return len(self.data) + 21
+
+
+class ConfChangeOp(enum.IntEnum):
+    ADD = 0
+    REMOVE = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ConfChange:
+    """A single-server membership change; the payload of a ``CONF_CHANGE`` entry.
+
+    ``voters`` is the whole configuration after the change, so a node that joins with an empty
+    configuration learns it from the first change entry it receives.
+    Encoded as ``u8 op, u64 node_id, u32 n, n × u64 voter``.
+    """
+
+    op: ConfChangeOp
+    node_id: int
+    voters: frozenset[int]
+
+    @classmethod
+    def of(cls, op: ConfChangeOp, node_id: int, current: frozenset[int]) -> "ConfChange":
+        """The change ``op node_id`` applied to the configuration ``current``."""
+        after = current | {node_id} if op is ConfChangeOp.ADD else current - {node_id}
+        return cls(op, node_id, frozenset(after))
+
+    def encode(self) -> bytes:
+        voters = sorted(self.voters)
+        return struct.pack(f">BQI{len(voters)}Q", self.op, self.node_id, len(voters), *voters)
+
+    @classmethod
+    def decode(cls, data: bytes) -> "ConfChange":
+        op, node_id, n = struct.unpack_from(">BQI", data)
+        voters = struct.unpack_from(f">{n}Q", data, 13)
+        return cls(ConfChangeOp(op), node_id, frozenset(voters))
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """The log position a snapshot covers and the voter set in force at that position."""
+
+    index: int
+    term: int
+    voters: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Application state up to ``meta.index``; ``data`` is opaque to Raft."""
+
+    meta: SnapshotMeta
+    data: bytes = b""
+
+
+class MsgType(enum.IntEnum):
+    PRE_VOTE = 1
+    PRE_VOTE_RESP = 2
+    VOTE = 3
+    VOTE_RESP = 4
+    APPEND = 5
+    APPEND_RESP = 6
+    HEARTBEAT = 7
+    HEARTBEAT_RESP = 8
+    INSTALL_SNAPSHOT = 9
+    INSTALL_SNAPSHOT_RESP = 10
+    TIMEOUT_NOW = 11
+
+
+@dataclass(frozen=True, slots=True)
+class PreVote:
+    """"Would you vote for me in ``term``?" ``term`` is the sender's term + 1; nobody changes
+    term because of it."""
+
+    type: ClassVar[MsgType] = MsgType.PRE_VOTE
+    frm: int
+    to: int
+    term: int
+    last_index: int
+    last_term: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreVoteResp:
+    """A granted pre-vote echoes the asked term; a refusal carries the voter's own term."""
+
+    type: ClassVar[MsgType] = MsgType.PRE_VOTE_RESP
+    frm: int
+    to: int
+    term: int
+    granted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """A vote request. ``transfer`` is set when campaigning because of TimeoutNow, so voters
+    skip their leader-lease check."""
+
+    type: ClassVar[MsgType] = MsgType.VOTE
+    frm: int
+    to: int
+    term: int
+    last_index: int
+    last_term: int
+    transfer: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VoteResp:
+    type: ClassVar[MsgType] = MsgType.VOTE_RESP
+    frm: int
+    to: int
+    term: int
+    granted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Entries following ``(prev_index, prev_term)``; an empty tuple is a probe."""
+
+    type: ClassVar[MsgType] = MsgType.APPEND
+    frm: int
+    to: int
+    term: int
+    prev_index: int
+    prev_term: int
+    entries: tuple[Entry, ...]
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResp:
+    """On success ``match_index`` is the follower's last index known to match the leader.
+
+    On rejection ``reject_index`` is the ``prev_index`` that did not match and
+    ``(hint_index, hint_term)`` is the follower's last entry whose term is <= the asked
+    ``prev_term``, so the leader can skip a whole term per round trip.
+    """
+
+    type: ClassVar[MsgType] = MsgType.APPEND_RESP
+    frm: int
+    to: int
+    term: int
+    success: bool
+    match_index: int = 0
+    reject_index: int = 0
+    hint_index: int = 0
+    hint_term: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """``commit`` is capped at what the follower is known to hold; ``context`` is the
+    newest pending read-index request (empty if none)."""
+
+    type: ClassVar[MsgType] = MsgType.HEARTBEAT
+    frm: int
+    to: int
+    term: int
+    commit: int
+    context: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResp:
+    type: ClassVar[MsgType] = MsgType.HEARTBEAT_RESP
+    frm: int
+    to: int
+    term: int
+    context: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot:
+    type: ClassVar[MsgType] = MsgType.INSTALL_SNAPSHOT
+    frm: int
+    to: int
+    term: int
+    snapshot: Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshotResp:
+    """``match_index``: the follower's log now matches the leader up to here."""
+
+    type: ClassVar[MsgType] = MsgType.INSTALL_SNAPSHOT_RESP
+    frm: int
+    to: int
+    term: int
+    match_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutNow:
+    """Leadership transfer: campaign now, skipping pre-vote."""
+
+    type: ClassVar[MsgType] = MsgType.TIMEOUT_NOW
+    frm: int
+    to: int
+    term: int
+
+
+Message = Union[PreVote, PreVoteResp, Vote, VoteResp, Append, AppendResp, Heartbeat,
+                HeartbeatResp, InstallSnapshot, InstallSnapshotResp, TimeoutNow]
+
+_CLASSES: dict[int, type] = {
+    cls.type: cls
+    for cls in (PreVote, PreVoteResp, Vote, VoteResp, Append, AppendResp, Heartbeat,
+                HeartbeatResp, InstallSnapshot, InstallSnapshotResp, TimeoutNow)
+}
+# Per class: the fields after (frm, to, term) and their codec kind.
+_KIND_OF_TYPE = {"int": "q", "bool": "b", "bytes": "s", "tuple[Entry, ...]": "e", "Snapshot": "n"}
+_LAYOUT: dict[type, tuple[tuple[str, str], ...]] = {
+    cls: tuple((f.name, _KIND_OF_TYPE[f.type]) for f in fields(cls)[3:])
+    for cls in _CLASSES.values()
+}
+
+_HEAD = struct.Struct(">BBQQQ")
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+_ENTRY_HEAD = struct.Struct(">QQBI")
+
+
+class DecodeError(ValueError):
+    """The bytes are not a valid message frame."""
+
+
+def encode(message: Message) -> bytes:
+    """Serialize ``message``; ``decode(encode(m)) == m``."""
+    out = bytearray(_HEAD.pack(_VERSION, message.type, message.frm, message.to, message.term))
+    for name, kind in _LAYOUT[type(message)]:
+        value = getattr(message, name)
+        if kind == "q":
+            out += _U64.pack(value)
+        elif kind == "b":
+            out.append(1 if value else 0)
+        elif kind == "s":
+            out += _U32.pack(len(value))
+            out += value
+        elif kind == "e":
+            out += _U32.pack(len(value))
+            for e in value:
+                out += _ENTRY_HEAD.pack(e.index, e.term, e.kind, len(e.data))
+                out += e.data
+        else:
+            meta = value.meta
+            out += _U64.pack(meta.index) + _U64.pack(meta.term) + _U32.pack(len(meta.voters))
+            for v in sorted(meta.voters):
+                out += _U64.pack(v)
+            out += _U64.pack(len(value.data))
+            out += value.data
+    return bytes(out)
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = memoryview(buf)
+        self.pos = 0
+
+    def take(self, n: int) -> memoryview:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise DecodeError("truncated message")
+        chunk = self.buf[self.pos:end]
+        self.pos = end
+        return chunk
+
+    def unpack(self, s: struct.Struct) -> tuple:
+        return s.unpack(self.take(s.size))
+
+
+def decode(data: bytes) -> Message:
+    """Parse one frame produced by ``encode``; raises ``DecodeError`` on malformed input."""
+    r = _Reader(data)
+    version, mtype, frm, to, term = r.unpack(_HEAD)
+    if version != _VERSION:
+        raise DecodeError(f"unknown version {version}")
+    cls = _CLASSES.get(mtype)
+    if cls is None:
+        raise DecodeError(f"unknown message type {mtype}")
+    values: list[object] = [frm, to, term]
+    try:
+        for _name, kind in _LAYOUT[cls]:
+            if kind == "q":
+                values.append(r.unpack(_U64)[0])
+            elif kind == "b":
+                values.append(r.take(1)[0] != 0)
+            elif kind == "s":
+                values.append(bytes(r.take(r.unpack(_U32)[0])))
+            elif kind == "e":
+                entries = []
+                for _ in range(r.unpack(_U32)[0]):
+                    index, eterm, ekind, size = r.unpack(_ENTRY_HEAD)
+                    entries.append(Entry(index, eterm, EntryKind(ekind), bytes(r.take(size))))
+                values.append(tuple(entries))
+            else:
+                index, sterm = r.unpack(_U64)[0], r.unpack(_U64)[0]
+                voters = frozenset(r.unpack(_U64)[0] for _ in range(r.unpack(_U32)[0]))
+                blob = bytes(r.take(r.unpack(_U64)[0]))
+                values.append(Snapshot(SnapshotMeta(index, sterm, voters), blob))
+    except ValueError as exc:  # a bad enum value
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(str(exc)) from exc
+    if r.pos != len(data):
+        raise DecodeError("trailing bytes after message")
+    return cls(*values)
