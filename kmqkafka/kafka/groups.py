@@ -51,6 +51,10 @@ def install(broker: Broker) -> GroupCoordinator:
         return coordinator.loaded
 
     broker.metrics.registry.register(LagCollector(coordinator.offsets, broker.store, ready))
+    topics = broker.extras.get("topics")
+    if topics is not None:
+        # Seed 004: growing a topic rebalances every group subscribed to it.
+        topics.on_partitions_added(lambda topic: coordinator.rebalance_groups_subscribed_to(topic.name))
     return coordinator
 
 

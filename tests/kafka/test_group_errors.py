@@ -258,16 +258,6 @@ def test_max_groups_setting(tmp_path: Path) -> None:
         b.stop()
 
 
-def _admin_calls_group_hook() -> bool:
-    import inspect
-
-    import kmqkafka.kafka.admin as admin
-
-    return "rebalance_groups_subscribed_to" in inspect.getsource(admin)
-
-
-@pytest.mark.skipif(not _admin_calls_group_hook(),
-                    reason="CreatePartitions does not call the group coordinator hook yet")
 def test_create_partitions_rebalances_subscribed_groups(raw: RawClient) -> None:
     """Seed 004: a successful CreatePartitions rebalances every group subscribed to the topic."""
     create_topic(raw, "cpt", 1)
