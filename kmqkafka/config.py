@@ -63,6 +63,13 @@ SETTINGS: tuple[Setting, ...] = (
             "largest record batch accepted"),
     Setting("kafka_max_groups", "CONNECTORS_KAFKA_MAX_GROUPS", "kafka-max-groups", "kafka",
             "max_groups", "posint", 10000, "consumer groups allowed"),
+    Setting("kafka_consumer_session_timeout_ms", "CONNECTORS_KAFKA_CONSUMER_SESSION_TIMEOUT_MS",
+            "kafka-consumer-session-timeout-ms", "kafka", "consumer_session_timeout_ms",
+            "posint", 45000, "KIP-848 consumer group session timeout (ms)"),
+    Setting("kafka_consumer_heartbeat_interval_ms",
+            "CONNECTORS_KAFKA_CONSUMER_HEARTBEAT_INTERVAL_MS",
+            "kafka-consumer-heartbeat-interval-ms", "kafka", "consumer_heartbeat_interval_ms",
+            "posint", 5000, "KIP-848 consumer group heartbeat interval (ms)"),
     Setting("kafka_produce_byte_rate", "CONNECTORS_KAFKA_PRODUCE_BYTE_RATE",
             "kafka-produce-byte-rate", "kafka", "produce_byte_rate", "size", 0,
             "per-client produce quota in bytes/s (0 = unlimited)"),
@@ -106,6 +113,8 @@ class Settings:
     kafka_max_connections: int = 1000
     kafka_max_message_bytes: int = 1048576
     kafka_max_groups: int = 10000
+    kafka_consumer_session_timeout_ms: int = 45000
+    kafka_consumer_heartbeat_interval_ms: int = 5000
     kafka_produce_byte_rate: int = 0
     kafka_fetch_byte_rate: int = 0
     kafka_auto_create_topics: bool = True

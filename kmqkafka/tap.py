@@ -15,8 +15,8 @@ from kmqkafka.config import ConfigError, Settings, load_settings, option_paramet
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
-    admin, api_versions, cluster, configs, fetch, groups, metadata, offsets, positions, produce,
-    producers,
+    admin, api_versions, cluster, configs, consumer_groups, fetch, groups, metadata, offsets,
+    positions, produce, producers,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka.topics import TopicCatalog
@@ -37,7 +37,7 @@ class Options(usage.Options):
 
 HANDLER_AREAS = (
     api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
-    offsets,
+    offsets, consumer_groups,
 )
 
 
@@ -64,6 +64,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     broker.extras["dispatcher"] = dispatcher
     broker.extras["topics"] = TopicCatalog(store)
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
+    consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
     register_handlers(dispatcher)
 
     listeners: list[Listener] = []

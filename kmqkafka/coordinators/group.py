@@ -52,6 +52,9 @@ from kmqkafka.coordinators.offsets import (
 )
 
 GROUPS_FAMILY = "groups"
+# Keys of the ``groups`` family starting with NUL belong to other group types (KIP-848 consumer
+# groups, ``kmqkafka.coordinators.consumer_group``); the classic coordinator skips them.
+FOREIGN_KEY_PREFIX = b"\x00"
 DEFAULT_MAX_GROUP_SIZE = 1000
 MIN_SESSION_TIMEOUT_MS = 6000  # Kafka group.min.session.timeout.ms
 MAX_SESSION_TIMEOUT_MS = 1800000  # Kafka group.max.session.timeout.ms
@@ -341,6 +344,9 @@ class GroupCoordinator:
         self.groups: dict[str, ClassicGroup] = {}
         self.offsets = OffsetStore()
         self.loaded = False
+        # The KIP-848 ConsumerGroupCoordinator, set by its installer: a group id is either
+        # classic or consumer, and max_groups counts both.
+        self.consumer_groups: Any = None
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -350,6 +356,8 @@ class GroupCoordinator:
             return
         self.offsets.load(self.store.keyed_items(OFFSETS_FAMILY))
         for key, value in self.store.keyed_items(GROUPS_FAMILY):
+            if key.startswith(FOREIGN_KEY_PREFIX):
+                continue
             group = GroupLog.replay(value, key.decode())
             self.groups[group.group_id] = group
             for m in group.members.values():
@@ -465,7 +473,8 @@ class GroupCoordinator:
         return ErrorCode.none
 
     def _new_group_allowed(self) -> bool:
-        return len(self.groups) < self.max_groups
+        others = len(self.consumer_groups.groups) if self.consumer_groups is not None else 0
+        return len(self.groups) + others < self.max_groups
 
     # --- JoinGroup ----------------------------------------------------------------------
 
@@ -476,6 +485,9 @@ class GroupCoordinator:
         if not (self.min_session_timeout_ms <= req.session_timeout_ms
                 <= self.max_session_timeout_ms):
             return succeed(JoinResult(ErrorCode.invalid_session_timeout, req.member_id))
+        if self.consumer_groups is not None and self.consumer_groups.owns(req.group_id):
+            # A consumer (KIP-848) group takes no classic members (no online migration).
+            return succeed(JoinResult(ErrorCode.inconsistent_group_protocol, req.member_id))
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_id:
@@ -982,9 +994,12 @@ class GroupCoordinator:
 
         Called by the CreatePartitions handler after a successful (non validate-only) increase,
         so members pick up the new partitions. A group whose subscriptions cannot be decoded is
-        rebalanced too. Returns the ids of the groups rebalanced.
+        rebalanced too. KIP-848 consumer groups whose partition counts changed get a new group
+        epoch. Returns the ids of the groups rebalanced.
         """
         done = []
+        if self.consumer_groups is not None:
+            done.extend(self.consumer_groups.partitions_added(topic))
         for group in list(self.groups.values()):
             if group.state not in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
                 continue

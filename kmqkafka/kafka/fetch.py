@@ -251,12 +251,7 @@ class _Fetch:
                                               high_watermark=hw, log_start_offset=start,
                                               last_stable_offset=hw):
                 continue
-            if not batches:
-                records: Any = b""
-            elif len(batches) == 1:
-                records = batches[0]
-            else:
-                records = b"".join(batches)
+            records = _as_bytes(batches)
             if nbytes:
                 topic = self._topic(key[0])
                 if topic is not None:
@@ -281,6 +276,23 @@ class _Fetch:
                               for k, ps in by_topic.items())
         return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                     session_id=fctx.session_id, responses=responses)
+
+
+def _as_bytes(batches: list[memoryview]) -> bytes:
+    """The partition's batches as one ``bytes`` value, copying at most once.
+
+    Twisted transports accept only ``bytes``. A read that is exactly one pread buffer is
+    passed through as that buffer; anything else is joined once.
+    """
+    if not batches:
+        return b""
+    if len(batches) == 1:
+        view = batches[0]
+        whole = view.obj
+        if type(whole) is bytes and len(whole) == view.nbytes:
+            return whole
+        return view.tobytes()
+    return b"".join(batches)
 
 
 class _OutOfRange(Exception):

@@ -20,7 +20,9 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred
 
-from kmqkafka.coordinators.group import GroupCoordinator, JoinRequest, JoinResult, SyncResult
+from kmqkafka.coordinators.group import (
+    ClassicGroup, GroupCoordinator, JoinRequest, JoinResult, SyncResult,
+)
 from kmqkafka.coordinators.offsets import LagCollector
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
@@ -64,6 +66,15 @@ def coordinator(broker: Broker) -> GroupCoordinator:
     if not c.loaded:
         c.load()
     return c
+
+
+def _consumer_groups(broker: Broker) -> Any:
+    """The loaded KIP-848 coordinator (``kmqkafka.kafka.consumer_groups``), or None."""
+    cg = broker.extras.get("consumer_groups")
+    if cg is not None and not cg.loaded:
+        coordinator(broker)
+        cg.load()
+    return cg
 
 
 def _ms(value: Any) -> int:
@@ -188,8 +199,23 @@ def leave_group(request: Any, ctx: RequestContext) -> Any:
 def describe_groups(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     c = coordinator(ctx.broker)
+    cg = _consumer_groups(ctx.broker)
     out = []
     for group_id in request.groups:
+        view = cg.describe(group_id) if cg is not None else None
+        if view is not None:
+            # A consumer (KIP-848) group: shown with its type, members without classic
+            # metadata or assignment bytes (ConsumerGroupDescribe has those).
+            members = tuple(
+                make(t.DescribedGroupMember, member_id=m.member_id,
+                     group_instance_id=m.instance_id, client_id=m.client_id,
+                     client_host=m.client_host, member_metadata=b"", member_assignment=b"")
+                for m in view.members)
+            out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
+                            group_id=group_id, group_state=view.state,
+                            protocol_type="consumer", protocol_data=view.assignor,
+                            members=members, authorized_operations=_NO_OPERATIONS))
+            continue
         described = c.describe(group_id)
         if described is None:
             code = ErrorCode.group_id_not_found if ctx.api_version >= 6 else ErrorCode.none
@@ -226,6 +252,12 @@ def list_groups(request: Any, ctx: RequestContext) -> Any:
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type=protocol_type,
                         group_state=state, group_type="classic"))
+    cg = _consumer_groups(ctx.broker)
+    for group_id, state in cg.list_groups() if cg is not None else ():
+        if (states and state.lower() not in states) or (types and "consumer" not in types):
+            continue
+        out.append(make(t.ListedGroup, group_id=group_id, protocol_type="consumer",
+                        group_state=state, group_type="consumer"))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                 groups=tuple(out))
 
@@ -233,7 +265,21 @@ def list_groups(request: Any, ctx: RequestContext) -> Any:
 def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
     t = types_of(ctx)
     names = list(request.groups_names)
-    d = coordinator(ctx.broker).delete_groups(names)
+    c = coordinator(ctx.broker)
+    cg = _consumer_groups(ctx.broker)
+    consumer: dict[str, ErrorCode] = {}
+    consumer_written: Deferred | None = None
+    if cg is not None:
+        consumer, consumer_written = cg.delete_groups(names)
+        deleted = [g for g, code in consumer.items() if code is ErrorCode.none]
+        if deleted:  # their offsets go through the classic coordinator's offset store
+            c.groups.update({g: ClassicGroup(g) for g in deleted})
+    d = c.delete_groups([g for g in names if g not in consumer or
+                         consumer[g] is ErrorCode.none])
+    if consumer_written is not None:
+        d.addCallback(lambda results: consumer_written.addCallback(lambda _: results))
+    d.addCallback(lambda results: {**results, **{g: e for g, e in consumer.items()
+                                                  if e is not ErrorCode.none}})
     return d.addCallback(lambda results: make(
         ctx.response_type, throttle_time=NO_THROTTLE,
         results=tuple(make(t.DeletableGroupResult, group_id=g, error_code=results[g])

@@ -11,6 +11,9 @@ responses. Commits answer only once durable. Per-partition errors never fail the
 * OffsetFetch v1–v9: all committed partitions when ``topics`` is null (v2+), several groups per
   request from v8. RequireStable (v7+) would answer UNSTABLE_OFFSET_COMMIT for partitions with
   pending transactional offsets; with no transactions yet no offset is ever unstable.
+* KIP-848 consumer groups (``broker.extras["consumer_groups"]``): OffsetCommit's generation is
+  the member epoch (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH; an empty group
+  takes epoch -1 commits); OffsetFetch v9 naming a member checks its epoch the same way.
 * OffsetDelete v0: GROUP_SUBSCRIBED_TO_TOPIC for topics an active consumer group subscribes to.
 """
 from __future__ import annotations
@@ -44,8 +47,14 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
     t = types_of(ctx)
     c = coordinator(ctx.broker)
     generation = int(getattr(request, "generation_id_or_member_epoch", -1))
-    group_error, _ = c.validate_commit(request.group_id, generation, request.member_id,
-                                       getattr(request, "group_instance_id", None))
+    cg = _consumer_groups(ctx)
+    if cg is not None and cg.owns(request.group_id):
+        # KIP-848 group: the generation field carries the member epoch.
+        group_error = cg.validate_commit(request.group_id, request.member_id, generation,
+                                         ctx.api_version)
+    else:
+        group_error, _ = c.validate_commit(request.group_id, generation, request.member_id,
+                                           getattr(request, "group_instance_id", None))
     now_ms = int(ctx.broker.reactor.seconds() * 1000)
     results: list[tuple[str, list[tuple[int, ErrorCode]]]] = []
     commits: list[tuple[str, int, CommittedOffset]] = []
@@ -87,11 +96,26 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
 # --- OffsetFetch ------------------------------------------------------------------------
 
 
+def _consumer_groups(ctx: RequestContext) -> Any:
+    """The loaded KIP-848 coordinator, or None when it is not installed."""
+    cg = ctx.broker.extras.get("consumer_groups")
+    if cg is not None and not cg.loaded:
+        coordinator(ctx.broker)
+        cg.load()
+    return cg
+
+
 def _fetch_group(ctx: RequestContext, group_id: str,
-                 topics: list[tuple[str, list[int]]] | None
+                 topics: list[tuple[str, list[int]]] | None, member_id: str | None = None,
+                 member_epoch: int = -1
                  ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, CommittedOffset | None]]]]]:
     if not valid_group_id(group_id, allow_empty=True):
         return ErrorCode.invalid_group_id, []
+    cg = _consumer_groups(ctx)
+    if cg is not None and cg.owns(group_id):
+        error = cg.validate_fetch(group_id, member_id, member_epoch)
+        if error is not ErrorCode.none:
+            return error, []
     committed = coordinator(ctx.broker).fetch_offsets(group_id)
     if topics is None:
         by_topic: dict[str, list[tuple[int, CommittedOffset | None]]] = {}
@@ -111,7 +135,8 @@ def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         for g in request.groups:
             wanted = None if g.topics is None else [
                 (tp.name, [int(i) for i in tp.partition_indexes]) for tp in g.topics]
-            error, rows = _fetch_group(ctx, g.group_id, wanted)
+            error, rows = _fetch_group(ctx, g.group_id, wanted, getattr(g, "member_id", None),
+                                       int(getattr(g, "member_epoch", -1)))
             topics = tuple(
                 make(t.OffsetFetchResponseTopics, name=name, partitions=tuple(
                     _fetched(t.OffsetFetchResponsePartitions, index, c) for index, c in parts))

@@ -1,10 +1,11 @@
-"""Encoding responses as a list of chunks, so stored batches reach the socket uncopied.
+"""Encoding responses as a list of chunks, so large values reach the socket uncopied.
 
 kio's writers call ``buffer.write`` field by field. ``ChunkWriter`` gathers
-small writes into one bytearray and keeps large ones (and every part of a
-``RecordChain``) as their own chunks; the protocol hands the list to
-``transport.writeSequence``. A Fetch response therefore carries the store's
-memoryviews to the transport without the join-and-copy a BytesIO would do.
+small writes into one bytearray and keeps large ones as their own chunks; the
+protocol hands the list to ``transport.writeSequence``, which accepts only
+``bytes``. A Fetch response whose records are one ``bytes`` object (a single
+disk read) therefore reaches the transport without the two copies a BytesIO
+would make; other buffers are copied once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Sequence
 
 _SMALL = 16 * 1024
 
-Chunk = bytes | bytearray | memoryview
+Chunk = bytes
 
 
 class RecordChain:
@@ -26,7 +27,7 @@ class RecordChain:
 
     __slots__ = ("parts", "_size")
 
-    def __init__(self, parts: Sequence[Chunk]) -> None:
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview]) -> None:
         self.parts = list(parts)
         self._size = sum(len(p) for p in self.parts)
 
@@ -57,14 +58,15 @@ class ChunkWriter:
         self._tail = bytearray()
         self.size = 0
 
-    def write(self, data: Chunk | RecordChain) -> int:
+    def write(self, data: bytes | bytearray | memoryview | RecordChain) -> int:
         n = len(data)
         if isinstance(data, RecordChain):
             self._seal()
-            self._chunks.extend(data.parts)
+            self._chunks.append(bytes(data))
         elif n >= _SMALL:
             self._seal()
-            self._chunks.append(data)
+            # Twisted's writeSequence takes only bytes: a bytes value passes uncopied.
+            self._chunks.append(data if type(data) is bytes else bytes(data))
         else:
             self._tail += data
         self.size += n

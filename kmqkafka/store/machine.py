@@ -14,6 +14,12 @@ On-disk layout under ``data_dir``::
     channels/{dir_name(channel)}/config.json LogConfig
     channels/{dir_name(channel)}/...         the ChannelLog / QueueChannel files
     coordinator/                             KeyedLog families (_kafka.{family}.{gen})
+    applied-index                            replicated mode only: see store/checkpoint.py
+
+Replicated mode (``replicated=True``, used behind Raft): every group-commit flush also
+records the last applied Raft index and the touched channels' next Sequence in the
+checkpoint journal (a last token in ``prepare_flush``), and ``recover`` cuts channels back to
+that checkpoint so the Raft log after it can be replayed without applying anything twice.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any, Callable, Iterable
 from twisted.logger import Logger
 
 from kmqkafka.records import NewRecord, iter_records
+from kmqkafka.store import checkpoint
 from kmqkafka.store import commands as c
 from kmqkafka.store import snapshot
 from kmqkafka.store.config import LogConfig
@@ -70,8 +77,12 @@ class StateMachine:
         default_config: LogConfig | None = None,
         on_advance: Callable[[str], None] | None = None,
         dead_letter: Callable[[str, Any], None] | None = None,
+        replicated: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.replicated = replicated
+        self.journal: checkpoint.CheckpointJournal | None = None
+        self._touched: set[str] = set()
         self.default_config = default_config or LogConfig()
         self.channels: dict[str, ChannelLog] = {}
         self.queues: dict[str, QueueChannel] = {}
@@ -97,6 +108,7 @@ class StateMachine:
         """Open (and crash-recover) every channel and coordinator family on disk."""
         self.channels_dir.mkdir(parents=True, exist_ok=True)
         self.coordinator_dir.mkdir(parents=True, exist_ok=True)
+        ckpt = checkpoint.read(self.data_dir) if self.replicated else None
         for entry in sorted(os.listdir(self.channels_dir)):
             path = self.channels_dir / entry
             if ".deleted" in entry or entry.endswith(".part"):
@@ -108,9 +120,39 @@ class StateMachine:
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             name = from_dir_name(entry)
-            self._open_channel(name, kind_file.read_text().strip(), now_ms)
+            kind = kind_file.read_text().strip()
+            if ckpt is not None and kind == KIND_EVENTS:
+                upto = ckpt.channels.get(name)
+                if upto is None:
+                    # Created after the checkpoint: replaying the Raft log re-creates it.
+                    log.info("replay will re-create {channel}", channel=name)
+                    shutil.rmtree(path)
+                    continue
+                cut = checkpoint.truncate_tail(path, upto)
+                if cut:
+                    log.info("cut {n} byte(s) applied after the checkpoint from {channel}",
+                             n=cut, channel=name)
+            self._open_channel(name, kind, now_ms)
         for family in RESERVED_FAMILIES:
             self.keyed[family] = KeyedLog.open(self.coordinator_dir, family, now_ms)
+        if self.replicated:
+            self.journal = checkpoint.CheckpointJournal(self.data_dir)
+            if ckpt is None:
+                # First replicated start: adopt whatever is on disk as the state at index 0.
+                self.journal.reset(self.last_applied, self._channel_ends())
+            else:
+                self.last_applied = ckpt.applied
+                self.journal.durable_applied = ckpt.applied
+
+    def _channel_ends(self) -> dict[str, int | None]:
+        return {name: ch.next_sequence for name, ch in self.channels.items()}
+
+    def reset_checkpoint(self) -> None:
+        """Replicated mode: record the whole current state as durable at ``last_applied``
+        (after ``restore``). Blocking."""
+        if self.journal is not None:
+            self._touched.clear()
+            self.journal.reset(self.last_applied, self._channel_ends())
 
     def _open_channel(self, name: str, kind: str, now_ms: int) -> None:
         path = self.channels_dir / dir_name(name)
@@ -158,8 +200,12 @@ class StateMachine:
         snapshot.install(Path(source), self.data_dir)
         self._dirty.clear()
         self._dirty_keyed.clear()
+        if self.replicated:
+            # The old checkpoint describes the replaced state: never cut the new one by it.
+            (self.data_dir / checkpoint.JOURNAL).unlink(missing_ok=True)
         self.recover(now_ms)
         self.last_applied = snapshot.last_applied(Path(source))
+        self.reset_checkpoint()
         for name in [*self.channels, *self.queues]:
             self._on_advance(name)
 
@@ -222,6 +268,7 @@ class StateMachine:
         write_atomic(final / "kind", cmd.kind.encode())
         fsync_dir(self.channels_dir)
         self._open_channel(cmd.name, cmd.kind, 0)
+        self._touched.add(cmd.name)
         return True
 
     def _apply_DeleteChannel(self, cmd: c.DeleteChannel) -> bool:
@@ -237,6 +284,7 @@ class StateMachine:
         fsync_dir(self.channels_dir)
         shutil.rmtree(doomed, ignore_errors=True)
         self._dirty.discard(cmd.name)
+        self._touched.add(cmd.name)
         self._on_advance(cmd.name)
         return True
 
@@ -251,6 +299,7 @@ class StateMachine:
         ch = self.channel(cmd.name)
         first, last = ch.append(cmd.batch, cmd.now_ms)
         self._dirty.add(cmd.name)
+        self._touched.add(cmd.name)
         return AppendResult(first, last)
 
     def _apply_TruncatePrefix(self, cmd: c.TruncatePrefix) -> int:
@@ -326,7 +375,8 @@ class StateMachine:
     # --- group commit -----------------------------------------------------------------
 
     def has_unflushed(self) -> bool:
-        return bool(self._dirty or self._dirty_keyed)
+        return bool(self._dirty or self._dirty_keyed) or (
+            self.journal is not None and self.journal.due(self.last_applied))
 
     def prepare_flush(self) -> list[tuple[str, Any, Any]]:
         """Flush tokens for everything written since the last flush.
@@ -350,6 +400,13 @@ class StateMachine:
                 tokens.append((None, keyed, token))
         self._dirty.clear()
         self._dirty_keyed.clear()
+        if self.journal is not None and self.journal.due(self.last_applied):
+            # Last: run_flush writes it only after every segment above is fdatasynced.
+            touched = {n: (self.channels[n].next_sequence if n in self.channels else None)
+                       for n in self._touched if n not in self.queues}
+            self._touched.clear()
+            token = self.journal.prepare(self.last_applied, touched, self._channel_ends())
+            tokens.append((None, self.journal, token))
         return tokens
 
     @staticmethod

@@ -28,42 +28,30 @@ log = Logger()
 IORunner = Callable[..., Deferred]
 
 
-class LocalProposer:
-    """Apply-then-group-commit proposer for a one-member cluster."""
+class GroupCommit:
+    """Group commit of applied state: one fsync acknowledges every command applied before it.
+
+    ``add(d, result)`` parks a Deferred that fires with ``result`` once everything applied so
+    far is fsynced; ``schedule()`` asks for a flush (in the next reactor turn, or right after
+    the running one). Flushes never overlap. Used by ``LocalProposer`` and the Raft proposer.
+    """
 
     def __init__(self, machine: StateMachine, clock: IReactorTime, run_io: IORunner) -> None:
-        """``run_io(f, *args)`` runs ``f`` off the reactor and returns a Deferred of its result."""
         self._machine = machine
         self._clock = clock
         self._run_io = run_io
         self._waiting: list[tuple[Deferred, Any]] = []
         self._flushing = False
         self._scheduled = False
-        self._stopped = False
         self._idle: list[Deferred] = []
+        self.failed = False
         self.flush_count = 0
 
-    def propose(self, command: Command, *, durable: bool = True) -> Deferred:
-        """Apply ``command`` and fire with its result once durable (or at once if not)."""
-        if self._stopped:
-            return fail(StoreStopped("the store is stopping"))
-        try:
-            result = self._machine.apply(self._machine.last_applied + 1, command)
-        except StoreError:
-            return fail(Failure())
-        if isinstance(result, BatchFailure):
-            # Whatever the batch applied before failing still goes through the flush.
-            self._schedule()
-            return fail(result.error)
-        if not durable:
-            self._schedule()
-            return succeed(result)
-        d: Deferred = Deferred()
+    def add(self, d: Deferred, result: Any) -> None:
         self._waiting.append((d, result))
-        self._schedule()
-        return d
+        self.schedule()
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         if self._flushing or self._scheduled:
             return
         self._scheduled = True
@@ -88,7 +76,7 @@ class LocalProposer:
         self._machine.complete_flush(tokens)
         self._release(waiting)
         if self._waiting or self._machine.has_unflushed():
-            self._schedule()
+            self.schedule()
         elif not self._scheduled:
             self._notify_idle()
 
@@ -96,7 +84,7 @@ class LocalProposer:
         # An fsync error leaves the page cache state unknown; Kafka's answer is to stop.
         log.failure("fsync failed; refusing further writes", failure)
         self._flushing = False
-        self._stopped = True
+        self.failed = True
         for d, _result in waiting + self._waiting:
             d.errback(StoreError(f"fsync failed: {failure.getErrorMessage()}"))
         self._waiting = []
@@ -113,13 +101,53 @@ class LocalProposer:
             d.callback(None)
 
     def drain(self) -> Deferred:
-        """Fire once everything applied so far is durable (used at shutdown)."""
+        """Fire once everything applied so far is durable."""
         d: Deferred = Deferred()
         self._idle.append(d)
         if not self._flushing and not self._scheduled:
             self._scheduled = True
             self._clock.callLater(0, self._flush)
         return d
+
+
+class LocalProposer:
+    """Apply-then-group-commit proposer for a one-member cluster (no Raft log)."""
+
+    def __init__(self, machine: StateMachine, clock: IReactorTime, run_io: IORunner) -> None:
+        """``run_io(f, *args)`` runs ``f`` off the reactor and returns a Deferred of its result."""
+        self._machine = machine
+        self._commit = GroupCommit(machine, clock, run_io)
+        self._stopped = False
+
+    @property
+    def flush_count(self) -> int:
+        return self._commit.flush_count
+
+    def start(self) -> Deferred:
+        return succeed(None)
+
+    def propose(self, command: Command, *, durable: bool = True) -> Deferred:
+        """Apply ``command`` and fire with its result once durable (or at once if not)."""
+        if self._stopped or self._commit.failed:
+            return fail(StoreStopped("the store is stopping"))
+        try:
+            result = self._machine.apply(self._machine.last_applied + 1, command)
+        except StoreError:
+            return fail(Failure())
+        if isinstance(result, BatchFailure):
+            # Whatever the batch applied before failing still goes through the flush.
+            self._commit.schedule()
+            return fail(result.error)
+        if not durable:
+            self._commit.schedule()
+            return succeed(result)
+        d: Deferred = Deferred()
+        self._commit.add(d, result)
+        return d
+
+    def drain(self) -> Deferred:
+        """Fire once everything applied so far is durable (used at shutdown)."""
+        return self._commit.drain()
 
     def stop(self) -> Deferred:
         """Refuse new proposals and wait for in-flight ones to become durable."""

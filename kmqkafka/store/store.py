@@ -71,17 +71,25 @@ class ChannelStore:
         retention_interval_s: float = 60.0,
         compaction_interval_s: float = 60.0,
         queue_expiry_interval_s: float = 0.5,
+        proposer_factory: Callable[[StateMachine, Any, Callable[..., Deferred]], Any] | None = None,
     ) -> None:
+        """``proposer_factory(machine, reactor, run_io)`` builds a replicated proposer (Raft,
+        see ``kmqkafka.raft.proposer``); the machine then keeps its applied-index checkpoint.
+        Without it, the ``LocalProposer`` orders commands (unit tests, tools)."""
         self.data_dir = Path(data_dir)
         self._reactor = reactor
         self._threaded = threaded_io
         self._io_pool: ThreadPool | None = None
         self._cleaner_pool: ThreadPool | None = None
         self.machine = StateMachine(
-            self.data_dir, default_config=default_config, on_advance=self._advanced
+            self.data_dir, default_config=default_config, on_advance=self._advanced,
+            replicated=proposer_factory is not None,
         )
         self.waiters = Waiters(reactor, self._durable_end)
-        self._proposer = LocalProposer(self.machine, reactor, self._run_io)
+        self._proposer: Any = (
+            proposer_factory(self.machine, reactor, self._run_io) if proposer_factory is not None
+            else LocalProposer(self.machine, reactor, self._run_io)
+        )
         self._loops: list[LoopingCall] = []
         self._intervals = (retention_interval_s, compaction_interval_s, queue_expiry_interval_s)
         self._advance_listeners: list[Callable[[str], None]] = []
@@ -96,7 +104,8 @@ class ChannelStore:
         return int(self._reactor.seconds() * 1000)
 
     def start(self) -> Deferred:
-        """Recover every channel from disk, then start background retention/compaction."""
+        """Recover every channel from disk, start the proposer (Raft replays its log), then
+        background retention/compaction. Fires once the proposer has caught up locally."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.machine.recover(self.now_ms())
         if self._threaded:
@@ -104,6 +113,7 @@ class ChannelStore:
             self._cleaner_pool = ThreadPool(1, 1, "kmqkafka-cleaner")
             self._io_pool.start()
             self._cleaner_pool.start()
+        ready = self._proposer.start()
         retention, compaction, expiry = self._intervals
         for interval, fn in (
             (retention, self.enforce_retention),
@@ -119,7 +129,25 @@ class ChannelStore:
         self.started = True
         log.info("store recovered {n} channel(s) from {dir}", n=len(self.list_channels(internal=True)),
                  dir=str(self.data_dir))
-        return succeed(None)
+        return ready
+
+    # --- replication ------------------------------------------------------------------
+
+    @property
+    def proposer(self) -> Any:
+        """The proposer in use: ``RaftProposer`` (``is_leader``, ``leader_id``,
+        ``member_list``, ``commit_index``, ``applied_index``) or ``LocalProposer``."""
+        return self._proposer
+
+    def is_leader(self) -> bool:
+        """True if this node orders commands (always, without Raft)."""
+        check = getattr(self._proposer, "is_leader", None)
+        return True if check is None else check()
+
+    def leader_id(self) -> int | None:
+        """The Raft leader's node id (None: unknown, or no Raft)."""
+        get = getattr(self._proposer, "leader_id", None)
+        return None if get is None else get()
 
     def stop(self) -> Deferred:
         """Refuse new work, fsync what is pending, close every file."""

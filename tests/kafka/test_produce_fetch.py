@@ -306,6 +306,19 @@ def test_fetch_limits_return_at_least_one_batch_for_the_first_partition_only(raw
     assert len(only.records) == len(big)
 
 
+def test_large_fetch_responses_reach_the_client(raw: Raw) -> None:
+    """Batches far above the encoder's small-write threshold, alone and several together."""
+    topic = unique("large")
+    sent = [batch(1, value_size=60_000) for _ in range(3)]
+    for b in sent:
+        produce(raw, topic, {0: b})
+    one = parts_of(fetch(raw, topic, {0: 0}, partition_max_bytes=70_000))[0]
+    assert len(one.records) == len(sent[0])
+    three = parts_of(fetch(raw, topic, {0: 0}))[0]
+    assert len(three.records) == sum(map(len, sent))
+    assert [h.base_offset for _p, h in records.split_batches(three.records)] == [0, 1, 2]
+
+
 def test_idle_long_poll_returns_after_max_wait(raw: Raw) -> None:
     topic = unique("idle")
     produce(raw, topic, {0: batch()})

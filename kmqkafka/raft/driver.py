@@ -1,0 +1,298 @@
+"""Runs the pure Raft core on the reactor: ticks, the Ready loop, compaction.
+
+The Ready loop follows the core's contract (persist, send, apply, advance)::
+
+    ready = node.ready()
+    run_io(storage.save, ready)      # I/O thread: snapshot, entries, hard state; fsync
+    transport.send(ready.messages)   # only now: they may promise what was just persisted
+    app.restore(ready.snapshot)      # reactor: install an InstallSnapshot'ed state
+    app.apply(entry) for each committed entry, in log order
+    node.advance(ready)
+
+Only one Ready is outstanding at a time. Everything that reaches the core while a ``save`` runs
+on the I/O thread (proposals, peer messages, ticks) piles up in the core and goes out in the next
+Ready, so one fsync covers every entry proposed meanwhile: that is the group commit that keeps
+produce throughput with Raft in front of the store.
+
+Ticks come from an injected ``IReactorTime`` every ``tick_s`` seconds (default 100 ms; an
+election timeout is ``election_ticks`` ticks, randomized by the core with the injected
+``random.Random``).
+
+Log compaction: once the log holds ``compact_entries`` applied entries past the last snapshot
+(or the WAL passes ``compact_bytes``), the loop pauses, the application snapshots its state at
+the applied index (``app.take_snapshot(index) -> Deferred[bytes]``; the bytes are a reference,
+see ``RaftProposer``), the core and the storage drop the covered prefix, and the loop resumes.
+
+An ``InstallSnapshot`` from the leader carries only that reference: before stepping it into the
+core the driver asks the transport to fetch the snapshot's files into the local snapshot
+directory (``app.has_snapshot``/``transport.fetch_snapshot``), so ``app.restore`` always finds
+the files it needs.
+
+Reactor-thread only, except ``storage.save``/``storage.compact``, which run through ``run_io``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kmqkafka.raft.core import RaftNode, Ready, Role, SoftState
+from kmqkafka.raft.messages import Entry, InstallSnapshot, Message, Snapshot
+
+__all__ = ["Application", "RaftDriver", "Transport"]
+
+log = Logger()
+
+IORunner = Callable[..., Deferred]
+
+
+class Application(Protocol):
+    """What the driver drives (``RaftProposer`` over a ``StateMachine``)."""
+
+    def apply(self, entry: Entry) -> None:
+        """Apply one committed entry (any kind); called in log order, exactly once per run."""
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Replace the state by the snapshot ``snapshot.data`` refers to (files are local)."""
+
+    def take_snapshot(self, index: int) -> Deferred:
+        """Snapshot the state at ``index`` (== last applied); fires with reference bytes."""
+
+    def has_snapshot(self, snapshot: Snapshot) -> bool:
+        """True if the files of ``snapshot`` are present locally."""
+
+    def on_soft_state(self, soft: SoftState) -> None:
+        """Leadership or role changed."""
+
+
+class Transport(Protocol):
+    """Carries Raft messages between nodes (see ``kmqkafka.raft.transport``)."""
+
+    def send(self, messages: Sequence[Message]) -> None: ...
+
+    def fetch_snapshot(self, frm: int, snapshot: Snapshot) -> Deferred: ...
+
+
+class RaftDriver:
+    """One node's Raft loop. ``storage`` is a ``DiskStorage`` (or ``MemoryStorage`` in tests)."""
+
+    def __init__(
+        self,
+        node: RaftNode,
+        storage: Any,
+        app: Application,
+        transport: Transport,
+        clock: IReactorTime,
+        run_io: IORunner,
+        *,
+        tick_s: float = 0.1,
+        compact_entries: int = 10_000,
+        compact_bytes: int = 256 << 20,
+    ) -> None:
+        self.node = node
+        self.storage = storage
+        self._app = app
+        self._transport = transport
+        self._clock = clock
+        self._run_io = run_io
+        self._tick_s = tick_s
+        self._compact_entries = compact_entries
+        self._compact_bytes = compact_bytes
+        self._busy = False       # a Ready is being persisted/applied, or a compaction runs
+        self._scheduled = False
+        self._stopped = False
+        self._ticker: LoopingCall | None = None
+        self._fetching: set[int] = set()
+        self._applied_waiters: list[tuple[int, Deferred]] = []
+        self._idle: list[Deferred] = []
+        self.failed: Failure | None = None
+        self.ready_count = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start ticking. A sole voter campaigns on its first tick, run at once."""
+        self._ticker = LoopingCall(self.tick)
+        self._ticker.clock = self._clock
+        self._ticker.start(self._tick_s, now=True).addErrback(self._fatal)
+
+    def stop(self) -> Deferred:
+        """Stop ticking and taking input; fires once the outstanding Ready is done."""
+        self._stopped = True
+        if self._ticker is not None and self._ticker.running:
+            self._ticker.stop()
+        if not self._busy:
+            return succeed(None)
+        d: Deferred = Deferred()
+        self._idle.append(d)
+        return d
+
+    # ------------------------------------------------------------------ inputs
+
+    def tick(self) -> None:
+        if self._stopped:
+            return
+        self.node.tick()
+        self._kick()
+
+    def step(self, message: Message) -> None:
+        """A message from a peer (any order, possibly duplicated or stale)."""
+        if self._stopped:
+            return
+        if isinstance(message, InstallSnapshot) and message.term >= self.node.term:
+            snap = message.snapshot
+            if snap.meta.index > self.node.commit_index and not self._app.has_snapshot(snap):
+                self._fetch(message)
+                return
+        self.node.step(message)
+        self._kick()
+
+    def propose(self, data: bytes) -> int:
+        """Append a command on the leader; returns its index. Raises the core's NotLeader /
+        ProposalDropped."""
+        index = self.node.propose(data)
+        self._kick()
+        return index
+
+    def _fetch(self, message: InstallSnapshot) -> None:
+        index = message.snapshot.meta.index
+        if index in self._fetching:
+            return
+        self._fetching.add(index)
+        log.info("fetching snapshot {index} from node {frm}", index=index, frm=message.frm)
+
+        def fetched(_: object) -> None:
+            self._fetching.discard(index)
+            if not self._stopped:
+                self.node.step(message)
+                self._kick()
+
+        def failed(f: Failure) -> None:
+            self._fetching.discard(index)
+            log.warn("snapshot {index} fetch from {frm} failed: {why}", index=index,
+                     frm=message.frm, why=f.getErrorMessage())
+
+        self._transport.fetch_snapshot(message.frm, message.snapshot).addCallbacks(
+            fetched, failed)
+
+    # ------------------------------------------------------------------ state for callers
+
+    @property
+    def leader(self) -> int | None:
+        return self.node.leader
+
+    def is_leader(self) -> bool:
+        return self.node.role is Role.LEADER
+
+    def wait_applied(self, index: int) -> Deferred:
+        """Fire once this node applied through ``index``."""
+        if self.node.applied_index >= index:
+            return succeed(None)
+        d: Deferred = Deferred()
+        self._applied_waiters.append((index, d))
+        return d
+
+    # ------------------------------------------------------------------ the Ready loop
+
+    def _kick(self) -> None:
+        if self._scheduled or self._busy or self._stopped and not self._idle:
+            return
+        if not self.node.has_ready():
+            return
+        self._scheduled = True
+        self._clock.callLater(0, self._process)
+
+    def _process(self) -> None:
+        self._scheduled = False
+        if self._busy or self.failed is not None:
+            return
+        rd = self.node.ready()
+        if rd is None:
+            return
+        self._busy = True
+        self.ready_count += 1
+        if rd.soft_state is not None:
+            self._app.on_soft_state(rd.soft_state)
+        if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
+            d = self._run_io(self.storage.save, rd)
+        else:
+            d = succeed(None)
+        d.addCallback(self._persisted, rd)
+        d.addErrback(self._fatal)
+
+    def _persisted(self, _: object, rd: Ready) -> None:
+        if rd.messages:
+            self._transport.send(rd.messages)
+        if rd.snapshot is not None:
+            self._app.restore(rd.snapshot)
+        for entry in rd.committed_entries:
+            self._app.apply(entry)
+        self.node.advance(rd)
+        self._busy = False
+        self._release_applied()
+        if not self._maybe_compact():
+            self._after_turn()
+
+    def _after_turn(self) -> None:
+        if self._idle and not self._busy:
+            idle, self._idle = self._idle, []
+            for d in idle:
+                d.callback(None)
+            return
+        self._kick()
+
+    def _release_applied(self) -> None:
+        applied = self.node.applied_index
+        if not self._applied_waiters:
+            return
+        keep = []
+        for index, d in self._applied_waiters:
+            if index <= applied:
+                d.callback(None)
+            else:
+                keep.append((index, d))
+        self._applied_waiters = keep
+
+    def _fatal(self, failure: Failure) -> None:
+        # A failed fsync of the Raft log leaves it in an unknown state: stop taking part.
+        log.failure("raft driver failed; this node stops taking part", failure)
+        self.failed = failure
+        self._stopped = True
+        if self._ticker is not None and self._ticker.running:
+            self._ticker.stop()
+        idle, self._idle = self._idle, []
+        for d in idle:
+            d.callback(None)
+
+    # ------------------------------------------------------------------ compaction
+
+    def _maybe_compact(self) -> bool:
+        node = self.node
+        applied = node.applied_index
+        backlog = applied - node.snapshot_index
+        if self._stopped or backlog <= 0 or (
+            backlog < self._compact_entries
+            and getattr(self.storage, "wal_bytes", 0) < self._compact_bytes
+        ):
+            return False
+        self._busy = True
+        log.info("compacting the raft log to {index}", index=applied)
+        d = self._app.take_snapshot(applied)
+
+        def compact(data: bytes) -> Deferred:
+            snapshot = node.compact(applied, data)
+            return self._run_io(self.storage.compact, snapshot)
+
+        def done(result: object) -> None:
+            self._busy = False
+            if isinstance(result, Failure):
+                log.failure("log compaction failed (will retry)", result)
+                self._compact_entries *= 2  # do not retry on every turn
+            self._after_turn()
+
+        d.addCallback(compact).addBoth(done)
+        return True

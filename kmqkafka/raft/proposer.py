@@ -1,0 +1,436 @@
+"""RaftProposer: the store's ``propose`` contract with Raft ordering every command.
+
+``propose(command, durable=True) -> Deferred[result]`` behaves like ``LocalProposer``'s: the
+Deferred fires with ``StateMachine.apply``'s result (or its StoreError), and with
+``durable=True`` only after the group-commit flush made the applied data readable (high
+watermark). What changes is who orders: the command is encoded and proposed to Raft; every node
+applies committed entries in log order through ``StateMachine.apply(index, command)``, so
+Sequences are assigned at apply time and agree everywhere.
+
+Forwarding: a follower sends the encoded command to the leader (``transport.forward``); the
+leader appends it and answers with the entry's ``(index, term)`` at once. The follower then waits
+until it applies that index itself and answers with its *own* apply result: apply is
+deterministic, so the result is the one the leader computed, and nothing but the position ever
+crosses the wire. If the entry applied at that index has another term, the command was replaced
+by a new leader's log and fails with ``ProposalLost``.
+
+Without a known leader, proposals wait (parked) and go out when one appears; after
+``propose_timeout_s`` a proposal that was never accepted fails with ``NoLeaderError`` and one
+that was accepted but not applied here fails with ``CommitTimeout``.
+
+Snapshots: the data Raft carries is a reference, ``b"kmq-snapshot:<index>"``; the files are the
+hard-linked tree ``StateMachine.snapshot`` writes under ``{data_dir}/raft/snapshots/<index>``,
+fetched by a lagging follower through the transport before it installs the snapshot.
+
+Reactor-thread only; the driver's ``run_io`` serializes Raft log writes on their own I/O thread.
+"""
+from __future__ import annotations
+
+import random
+import shutil
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from kmqkafka.raft.core import NotLeader, ProposalDropped, RaftNode, Role, SoftState
+from kmqkafka.raft.driver import RaftDriver
+from kmqkafka.raft.errors import (
+    CommitTimeout, NoLeaderError, NotLeaderError, ProposalLost, TransportError,
+)
+from kmqkafka.raft.messages import Entry, EntryKind, Snapshot
+from kmqkafka.raft.storage import DiskStorage
+from kmqkafka.store import commands as c
+from kmqkafka.store.errors import StoreError, StoreStopped
+from kmqkafka.store.machine import BatchFailure, StateMachine
+from kmqkafka.store.proposer import GroupCommit
+
+__all__ = ["Member", "RaftProposer", "snapshot_ref"]
+
+log = Logger()
+
+IORunner = Callable[..., Deferred]
+_RECENT = 8192  # applied results kept for forward replies that arrive after the apply
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A cluster member: Raft address and the Kafka endpoint it advertises."""
+
+    node_id: int
+    raft_host: str
+    raft_port: int
+    kafka_host: str
+    kafka_port: int
+
+
+def snapshot_ref(index: int) -> bytes:
+    return b"kmq-snapshot:%d" % index
+
+
+def _ref_index(data: bytes) -> int:
+    prefix, _, index = data.partition(b":")
+    if prefix != b"kmq-snapshot":
+        raise ValueError(f"not a snapshot reference: {data[:40]!r}")
+    return int(index)
+
+
+class _Pending:
+    __slots__ = ("d", "data", "durable", "timer", "index", "term")
+
+    def __init__(self, d: Deferred, data: bytes, durable: bool) -> None:
+        self.d = d
+        self.data = data
+        self.durable = durable
+        self.timer: IDelayedCall | None = None
+        self.index = 0
+        self.term = 0
+
+
+class RaftProposer:
+    """Proposes store commands through Raft and applies committed ones to the machine."""
+
+    def __init__(
+        self,
+        machine: StateMachine,
+        clock: IReactorTime,
+        run_io: IORunner,
+        *,
+        node_id: int,
+        members: dict[int, Member] | None,
+        transport: Any,
+        raft_dir: Path,
+        rng: random.Random,
+        run_raft_io: IORunner | None = None,
+        tick_s: float = 0.1,
+        election_ticks: int = 10,
+        propose_timeout_s: float = 10.0,
+        compact_entries: int = 10_000,
+        compact_bytes: int = 256 << 20,
+        storage: Any = None,
+    ) -> None:
+        """``members`` (all voters, self included; None or {} = a cluster of one). ``run_io``
+        runs store flushes and snapshots off the reactor; ``run_raft_io`` the Raft log writes
+        (default: ``run_io``). ``storage`` overrides the on-disk Raft log (tests)."""
+        self.machine = machine
+        self.node_id = node_id
+        self.members = dict(members or {})
+        self._clock = clock
+        self._run_io = run_io
+        self._run_raft_io = run_raft_io or run_io
+        self._transport = transport
+        self.raft_dir = Path(raft_dir)
+        self._rng = rng
+        self._tick_s = tick_s
+        self._election_ticks = election_ticks
+        self._timeout = propose_timeout_s
+        self._compact = (compact_entries, compact_bytes)
+        self._storage_override = storage
+        self._commit = GroupCommit(machine, clock, run_io)
+        self._waiting: dict[int, list[_Pending]] = {}   # index -> proposals placed there
+        self._parked: list[_Pending] = []               # no leader (or forward failed)
+        self._recent: OrderedDict[int, tuple[int, Any]] = OrderedDict()
+        self._forwarding = 0
+        self._stopped = False
+        self.driver: RaftDriver | None = None
+        self.storage: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def flush_count(self) -> int:
+        return self._commit.flush_count
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.raft_dir / "snapshots"
+
+    def start(self) -> Deferred:
+        """Open the Raft log, catch the machine up to it, start the driver and the transport.
+
+        The machine must be recovered already. Fires once every entry this node knew to be
+        committed (for a cluster of one: every entry in its log) is applied again.
+        """
+        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        storage = self._storage_override or DiskStorage.open(self.raft_dir)
+        self.storage = storage
+        snap = storage.snapshot
+        if snap is not None and self.machine.last_applied < snap.meta.index:
+            # Crashed between persisting an installed snapshot and restoring the machine.
+            self._restore_files(snap)
+        voters = frozenset(self.members) or frozenset({self.node_id})
+        node = RaftNode(self.node_id, voters, storage, election_ticks=self._election_ticks,
+                        heartbeat_ticks=1, rng=self._rng)
+        # Entries up to the machine's checkpoint are already in its files: skip them.
+        self._skip_to = self.machine.last_applied
+        self.driver = RaftDriver(node, storage, self, self._transport, self._clock,
+                                 self._run_raft_io, tick_s=self._tick_s,
+                                 compact_entries=self._compact[0], compact_bytes=self._compact[1])
+        if self._transport is not None:
+            self._transport.start(self)
+        target = storage.hard_state.commit
+        if voters == {self.node_id}:
+            target = max(target, node.last_index)
+        self.driver.start()
+        log.info("raft node {id} of {voters} starting: replay to {target}, checkpoint {ckpt}",
+                 id=self.node_id, voters=sorted(voters), target=target, ckpt=self._skip_to)
+        return self.driver.wait_applied(target)
+
+    def stop(self) -> Deferred:
+        """Refuse new proposals, fail parked ones, let the driver finish, flush, close."""
+        self._stopped = True
+        for p in self._parked:
+            self._fail(p, StoreStopped("the store is stopping"))
+        self._parked = []
+        d = self.driver.stop() if self.driver is not None else succeed(None)
+
+        def rest(_: object) -> Deferred:
+            ds = self._transport.stop() if self._transport is not None else succeed(None)
+            return ds.addBoth(lambda _: self._commit.drain())
+
+        def close(_: object) -> None:
+            for ps in self._waiting.values():
+                for p in ps:
+                    self._fail(p, StoreStopped("the store stopped before the command applied"))
+            self._waiting = {}
+            if self.storage is not None and hasattr(self.storage, "close"):
+                self.storage.close()
+
+        return d.addCallback(rest).addCallback(close)
+
+    def drain(self) -> Deferred:
+        return self._commit.drain()
+
+    # ------------------------------------------------------------------ what callers see
+
+    def is_leader(self) -> bool:
+        return self.driver is not None and self.driver.is_leader()
+
+    def leader_id(self) -> int | None:
+        return self.driver.leader if self.driver is not None else None
+
+    def member_list(self) -> list[Member]:
+        return [self.members[i] for i in sorted(self.members)]
+
+    @property
+    def commit_index(self) -> int:
+        return self.driver.node.commit_index if self.driver is not None else 0
+
+    @property
+    def applied_index(self) -> int:
+        return self.driver.node.applied_index if self.driver is not None else 0
+
+    # ------------------------------------------------------------------ proposing
+
+    def propose(self, command: c.Command, *, durable: bool = True) -> Deferred:
+        """Order ``command`` through Raft; fire with its apply result (see module docstring)."""
+        if self._stopped or self._commit.failed or self.driver is None:
+            return fail(StoreStopped("the store is stopping"))
+        if self.driver.failed is not None:
+            return fail(StoreStopped("the raft log failed; this node takes no writes"))
+        d: Deferred = Deferred()
+        p = _Pending(d, c.encode(command), durable)
+        p.timer = self._clock.callLater(self._timeout, self._expire, p)
+        self._submit(p)
+        return d
+
+    def _submit(self, p: _Pending) -> None:
+        assert self.driver is not None
+        if p.d.called:
+            return
+        if self.driver.is_leader():
+            try:
+                index = self.driver.propose(p.data)
+            except ProposalDropped:
+                self._parked.append(p)  # e.g. a leadership transfer; retried on change
+                return
+            self._place(p, index, self.driver.node.term)
+            return
+        leader = self.driver.leader
+        if leader is None or self._transport is None:
+            self._parked.append(p)
+            return
+        self._forwarding += 1
+        self._transport.forward(leader, p.data).addCallbacks(
+            self._forwarded, self._forward_failed, callbackArgs=(p,), errbackArgs=(p,))
+
+    def _forwarded(self, position: tuple[int, int], p: _Pending) -> None:
+        self._forwarding -= 1
+        index, term = position
+        if p.d.called:
+            return
+        done = self._recent.get(index)
+        if done is not None or index <= self.applied_index:
+            if done is None:
+                self._fail(p, CommitTimeout(f"entry {index} applied before its result was kept"))
+            elif done[0] != term:
+                self._fail(p, ProposalLost(f"entry {index} was replaced by a new leader"))
+            else:
+                self._resolve(p, done[1])
+            return
+        self._place(p, index, term)
+
+    def _forward_failed(self, failure: Failure, p: _Pending) -> None:
+        self._forwarding -= 1
+        if p.d.called:
+            return
+        # Not accepted by whoever we thought led: wait for the next leader or a short retry.
+        self._parked.append(p)
+        self._clock.callLater(self._tick_s * 2, self._retry_parked)
+
+    def _place(self, p: _Pending, index: int, term: int) -> None:
+        p.index, p.term = index, term
+        self._waiting.setdefault(index, []).append(p)
+
+    def _retry_parked(self) -> None:
+        if self._stopped or self.driver is None or self.driver.leader is None:
+            return
+        parked, self._parked = self._parked, []
+        for p in parked:
+            self._submit(p)
+
+    def _expire(self, p: _Pending) -> None:
+        p.timer = None
+        if p.d.called:
+            return
+        if p.index:
+            ps = self._waiting.get(p.index, [])
+            if p in ps:
+                ps.remove(p)
+            self._fail(p, CommitTimeout(f"entry {p.index} not applied within {self._timeout}s"))
+            return
+        if p in self._parked:
+            self._parked.remove(p)
+        leader = self.driver.leader if self.driver else None
+        self._fail(p, NoLeaderError(f"no raft leader within {self._timeout}s "
+                                    f"(leader hint: {leader})"))
+
+    def _fail(self, p: _Pending, error: StoreError) -> None:
+        if p.timer is not None and p.timer.active():
+            p.timer.cancel()
+        p.timer = None
+        if not p.d.called:
+            p.d.errback(error)
+
+    def _resolve(self, p: _Pending, outcome: Any) -> None:
+        if p.timer is not None and p.timer.active():
+            p.timer.cancel()
+        p.timer = None
+        if p.d.called:
+            return
+        if isinstance(outcome, Failure):
+            p.d.errback(outcome)
+        elif isinstance(outcome, BatchFailure):
+            p.d.errback(outcome.error)
+        elif p.durable:
+            self._commit.add(p.d, outcome)
+        else:
+            p.d.callback(outcome)
+
+    # ------------------------------------------------------------------ transport side
+
+    def receive(self, message: Any) -> None:
+        """A Raft message from a peer."""
+        if self.driver is not None:
+            self.driver.step(message)
+
+    def handle_forward(self, data: bytes) -> tuple[int, int]:
+        """A follower's command: append it here; returns ``(index, term)``. Raises
+        ``NotLeaderError`` (with a hint) when this node is not the leader."""
+        if self._stopped or self.driver is None:
+            raise NotLeaderError("node is stopping", None)
+        try:
+            index = self.driver.propose(bytes(data))
+        except NotLeader as e:
+            raise NotLeaderError(str(e), e.leader) from None
+        except ProposalDropped as e:
+            raise NotLeaderError(str(e), self.driver.leader) from None
+        return index, self.driver.node.term
+
+    def snapshot_path(self, index: int) -> Path | None:
+        """The local tree of snapshot ``index`` if present (served to lagging followers)."""
+        path = self.snapshot_dir / f"{index:020d}"
+        return path if (path / "snapshot.json").exists() else None
+
+    # ------------------------------------------------------------------ Application (driver)
+
+    def on_soft_state(self, soft: SoftState) -> None:
+        log.info("raft node {id}: {role}, leader {leader}", id=self.node_id,
+                 role=soft.role.value, leader=soft.leader)
+        if soft.leader is not None and self._parked:
+            self._clock.callLater(0, self._retry_parked)
+
+    def apply(self, entry: Entry) -> None:
+        """Apply one committed entry (driver, in log order)."""
+        index = entry.index
+        if index <= self._skip_to:
+            return  # already in the machine's files (checkpoint) or restored snapshot
+        outcome: Any
+        if entry.kind is EntryKind.NORMAL:
+            try:
+                outcome = self.machine.apply(index, c.decode(entry.data))
+            except StoreError:
+                outcome = Failure()
+            except Exception:  # a bug in one command must not stop replication
+                log.failure("applying entry {index} failed", index=index)
+                outcome = Failure()
+                self.machine.last_applied = max(self.machine.last_applied, index)
+        else:
+            # No-ops and membership changes move the applied index too (checkpoints use it).
+            self.machine.last_applied = max(self.machine.last_applied, index)
+            outcome = None
+        self._commit.schedule()
+        waiting = self._waiting.pop(index, None)
+        if self._forwarding:
+            self._recent[index] = (entry.term, outcome)
+            while len(self._recent) > _RECENT:
+                self._recent.popitem(last=False)
+        if waiting:
+            for p in waiting:
+                if p.term == entry.term:
+                    self._resolve(p, outcome)
+                else:
+                    self._fail(p, ProposalLost(f"entry {index} was replaced by a new leader"))
+
+    def has_snapshot(self, snapshot: Snapshot) -> bool:
+        return self.snapshot_path(_ref_index(snapshot.data)) is not None
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Install a snapshot the leader sent (files fetched already). Blocking, rare."""
+        self._restore_files(snapshot)
+        for index in [i for i in self._waiting if i <= snapshot.meta.index]:
+            for p in self._waiting.pop(index):
+                self._fail(p, CommitTimeout(f"entry {index} covered by an installed snapshot"))
+
+    def _restore_files(self, snapshot: Snapshot) -> None:
+        path = self.snapshot_path(_ref_index(snapshot.data))
+        if path is None:
+            raise StoreError(f"snapshot {snapshot.meta.index} files are missing")
+        log.info("installing snapshot {index}", index=snapshot.meta.index)
+        self.machine.restore(path, int(self._clock.seconds() * 1000))
+        self.machine.last_applied = max(self.machine.last_applied, snapshot.meta.index)
+        self.machine.reset_checkpoint()
+        self._skip_to = max(getattr(self, "_skip_to", 0), snapshot.meta.index)
+
+    def take_snapshot(self, index: int) -> Deferred:
+        """Flush, then write the state at ``index`` to ``snapshots/<index>`` (I/O thread)."""
+        dest = self.snapshot_dir / f"{index:020d}"
+
+        def snap(_: object) -> Deferred:
+            if self.machine.last_applied != index:
+                raise StoreError(f"applied {self.machine.last_applied} != snapshot {index}")
+            if dest.exists():
+                shutil.rmtree(dest)
+            return self._run_io(self.machine.snapshot, dest)
+
+        def prune(_: object) -> bytes:
+            for old in sorted(self.snapshot_dir.iterdir())[:-2]:
+                shutil.rmtree(old, ignore_errors=True)
+            return snapshot_ref(index)
+
+        return self._commit.drain().addCallback(snap).addCallback(prune)

@@ -1,0 +1,217 @@
+"""The applied-index checkpoint: how a replicated store restarts without applying twice.
+
+With Raft in front of the store, the Raft log is the write-ahead log: a command is durable once
+its entry is fsynced there, and the state machine applies it to segments without an fsync of
+its own. Segment data reaches the disk at the next group-commit flush. After a crash the node
+must therefore know exactly which commands its segments already hold, or replaying the Raft log
+would append them again.
+
+The checkpoint journal ``{data_dir}/applied-index`` answers that. Each group-commit flush, after
+fdatasyncing every dirty segment, appends (and fdatasyncs) one record::
+
+    u32 length, u32 crc32c(payload), payload = JSON
+    {"applied": K, "channels": {name: next_sequence | null}, "full": bool}
+
+meaning: every command up to Raft index K is applied and durable, and at K each listed Events
+Store channel ended at ``next_sequence`` (``null``: it did not exist). Only channels touched
+since the previous record are listed; a ``full`` record lists every Events Store channel and
+starts a new file (written ``.part``, fsynced, renamed: the snapshot-and-roll), so the journal
+stays small. Reading folds the records in order; a torn or CRC-failing tail is ignored.
+
+Recovery (``StateMachine.recover`` in replicated mode), before any channel is opened:
+
+- a channel listed with a sequence is cut back to it (``truncate_tail``): whole batches beyond
+  it were applied after K and will be applied again from the Raft log;
+- a channel listed as ``null``, or not listed at all, did not exist at K (every channel that
+  existed at K is in the folded map): its directory is removed and replay re-creates it;
+- ``last_applied`` becomes K, and the driver replays committed Raft entries after K.
+
+Commands whose effect is already on disk are made harmless on replay by that cut. Catalog
+commands are idempotent by construction (CreateChannel of an existing channel fails without
+changing anything; a replayed DeleteChannel finds nothing), coordinator ``KeyedPut`` writes the
+same values again, retention and DeleteRecords only move the log start forward. Queue channels
+(messages log plus delivery journal) are NOT cut back yet: a Queue command applied after the
+last checkpoint may be applied twice after a crash (documented gap).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from twisted.logger import Logger
+
+from kmqkafka.records import crc32c
+from kmqkafka.store import fsutil
+from kmqkafka.store.errors import CorruptStore
+from kmqkafka.store.segment import (
+    BATCH_SPAN, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, iter_file_batches, parse_base,
+    segment_name,
+)
+
+log = Logger()
+
+JOURNAL = "applied-index"
+ROLL_BYTES = 256 * 1024
+_REC = struct.Struct(">II")
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The folded journal: applied index and each channel's next Sequence (None: absent)."""
+
+    applied: int = 0
+    channels: dict[str, int | None] = field(default_factory=dict)
+
+
+def _record(applied: int, channels: dict[str, int | None], full: bool) -> bytes:
+    payload = json.dumps({"applied": applied, "channels": channels, "full": full},
+                         separators=(",", ":"), sort_keys=True).encode()
+    return _REC.pack(len(payload), crc32c(payload)) + payload
+
+
+def read(data_dir: Path) -> Checkpoint | None:
+    """Fold the journal; None when there is none (a store never run replicated)."""
+    path = Path(data_dir) / JOURNAL
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    applied, channels = 0, {}
+    pos = 0
+    while pos + _REC.size <= len(data):
+        length, crc = _REC.unpack_from(data, pos)
+        payload = data[pos + _REC.size:pos + _REC.size + length]
+        if len(payload) != length or crc32c(payload) != crc:
+            break
+        rec = json.loads(payload)
+        if rec.get("full"):
+            channels = {}
+        applied = max(applied, int(rec["applied"]))
+        channels.update(rec["channels"])
+        pos += _REC.size + length
+    return Checkpoint(applied, channels)
+
+
+class CheckpointToken:
+    """One journal record to write after the segment flushes of the same group."""
+
+    __slots__ = ("owner", "applied", "record", "full")
+
+    def __init__(self, owner: "CheckpointJournal", applied: int, record: bytes,
+                 full: bool) -> None:
+        self.owner = owner
+        self.applied = applied
+        self.record = record
+        self.full = full
+
+    def run(self) -> None:
+        """I/O thread, after the segment tokens of the same flush ran."""
+        self.owner.write(self)
+
+
+class CheckpointJournal:
+    """Writer side of the journal. Reactor thread except ``write`` (I/O thread, via a token)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / JOURNAL
+        self.durable_applied = 0
+        self._prepared = 0
+        self._size = self.path.stat().st_size if self.path.exists() else 0
+
+    def due(self, applied: int) -> bool:
+        return applied > self._prepared
+
+    def prepare(self, applied: int, touched: dict[str, int | None],
+                everything: dict[str, int | None]) -> CheckpointToken:
+        """A token recording ``applied``; rolls to a full record once the file is large."""
+        full = self._size >= ROLL_BYTES or self._size == 0
+        record = _record(applied, everything if full else touched, full)
+        self._size = len(record) if full else self._size + len(record)
+        self._prepared = applied
+        return CheckpointToken(self, applied, record, full)
+
+    def write(self, token: CheckpointToken) -> None:
+        if token.full:
+            fsutil.write_atomic(self.path, token.record)
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(token.record)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def complete_flush(self, token: CheckpointToken) -> None:
+        self.durable_applied = max(self.durable_applied, token.applied)
+
+    def reset(self, applied: int, everything: dict[str, int | None]) -> None:
+        """Start over with one full record (after a snapshot restore or on adoption). Blocking."""
+        record = _record(applied, everything, True)
+        fsutil.write_atomic(self.path, record)
+        self._size = len(record)
+        self._prepared = self.durable_applied = applied
+
+
+def truncate_tail(directory: Path, next_sequence: int) -> int:
+    """Cut an Events Store channel directory back so its log ends at ``next_sequence``.
+
+    Blocking, start-up only, before ``ChannelLog.open``. Whole segments at or beyond the cut go;
+    the segment holding it is truncated at the first batch that starts at or after it, and its
+    derived index files are dropped (recovery rescans the new last segment). Returns the bytes
+    removed. Raises CorruptStore if a batch straddles the cut (checkpoints are batch-aligned).
+    """
+    bases = sorted(b for b in (parse_base(n) for n in os.listdir(directory)) if b is not None)
+    removed = 0
+
+    def unlink_segment(base: int) -> int:
+        gone = 0
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            p = directory / segment_name(base, suffix)
+            if p.exists():
+                if suffix == LOG_SUFFIX:
+                    gone = p.stat().st_size
+                p.unlink()
+        return gone
+
+    keep = [b for b in bases if b < next_sequence]
+    for base in bases:
+        if base >= next_sequence:
+            removed += unlink_segment(base)
+    if not keep:
+        if bases:
+            # Everything beyond the cut was dropped: restart numbering exactly at the cut.
+            fsutil.write_atomic(directory / "log-start", f"{next_sequence}\n".encode())
+        fsutil.fsync_dir(directory)
+        return removed
+    last = keep[-1]
+    path = directory / segment_name(last, LOG_SUFFIX)
+    size = path.stat().st_size
+    cut = size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for pos, batch in iter_file_batches(fd, size):
+            base_offset, _length, last_delta = BATCH_SPAN.unpack_from(batch, 0)
+            first = base_offset + 1
+            if first >= next_sequence:
+                cut = pos
+                break
+            if first + last_delta >= next_sequence:
+                raise CorruptStore(f"{directory}: a batch straddles checkpoint {next_sequence}")
+    finally:
+        os.close(fd)
+    if cut < size or removed:
+        os.truncate(path, cut)
+        removed += size - cut
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            p = directory / segment_name(last, suffix)
+            if p.exists():
+                p.unlink()
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        fsutil.fsync_dir(directory)
+    return removed
