@@ -95,7 +95,66 @@ SETTINGS: tuple[Setting, ...] = (
             "PEM CA bundle; when set, client certificates are requested and verified if sent"),
     Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0", 1,
             "this node's broker id"),
+    Setting("peers", "KMQKAFKA_PEERS", "peers", "server", "peers", "peers", "",
+            "Raft members, self included: id=raft_host:raft_port[/kafka_host:kafka_port],... "
+            "(empty = a cluster of one)"),
+    Setting("raft_bind_host", "KMQKAFKA_RAFT_BIND_HOST", "raft-bind-host", "server",
+            "raft_bind_host", "str", "", "interface the Raft port binds (default: own peer host)"),
+    Setting("raft_tick_ms", "KMQKAFKA_RAFT_TICK_MS", "raft-tick-ms", "server", "raft_tick_ms",
+            "posint", 100, "Raft tick interval in milliseconds"),
+    Setting("raft_election_ticks", "KMQKAFKA_RAFT_ELECTION_TICKS", "raft-election-ticks",
+            "server", "raft_election_ticks", "posint", 10,
+            "Raft election timeout in ticks (randomized up to twice this)"),
 )
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One Raft member: where its Raft port is and the Kafka endpoint it advertises."""
+
+    node_id: int
+    raft_host: str
+    raft_port: int
+    kafka_host: str
+    kafka_port: int
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not host:port")
+    host = host.strip("[]")
+    value = int(port)
+    if not 1 <= value <= 65535:
+        raise ValueError(f"port {value} is not in 1..65535")
+    return host, value
+
+
+def parse_peers(text: str, default_kafka_port: int) -> tuple[Peer, ...]:
+    """Parse ``id=host:port[/kafka_host:kafka_port],...``; raises ValueError (one line)."""
+    peers: dict[int, Peer] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        ident, eq, rest = item.partition("=")
+        if not eq:
+            raise ValueError(f"{item!r} is not id=host:port")
+        try:
+            node_id = int(ident)
+        except ValueError:
+            raise ValueError(f"node id {ident!r} is not an integer") from None
+        if node_id < 1:
+            raise ValueError(f"node id {node_id} must be positive")
+        if node_id in peers:
+            raise ValueError(f"node id {node_id} is listed twice")
+        raft, slash, kafka = rest.partition("/")
+        try:
+            raft_host, raft_port = _host_port(raft)
+            kafka_host, kafka_port = _host_port(kafka) if slash else (raft_host, default_kafka_port)
+        except ValueError as e:
+            raise ValueError(f"node {node_id}: {e}") from None
+        peers[node_id] = Peer(node_id, raft_host, raft_port, kafka_host, kafka_port)
+    return tuple(peers[i] for i in sorted(peers))
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
 
@@ -126,6 +185,10 @@ class Settings:
     tls_key: Path | None = None
     tls_ca: Path | None = None
     node_id: int = 1
+    peers: tuple[Peer, ...] = ()
+    raft_bind_host: str = ""
+    raft_tick_ms: int = 100
+    raft_election_ticks: int = 10
     config_file: Path | None = None
     file_tables: Mapping[str, Any] = field(default_factory=dict)
 
@@ -174,6 +237,8 @@ def _parse(s: Setting, raw: Any) -> Any:
         return value
     if not isinstance(raw, str):
         raise bad("is not a string")
+    if s.kind == "peers":
+        return raw.strip()
     if s.kind == "str":
         return raw.strip()
     text = raw.strip()
@@ -267,6 +332,23 @@ def load_settings(
         values["kafka_advertised_host"] = "127.0.0.1" if bind in _ALL_INTERFACES else bind
     if values["kafka_advertised_port"] == 0:
         values["kafka_advertised_port"] = values["kafka_port"]
+
+    peers_setting = _BY_ATTR["peers"]
+    try:
+        values["peers"] = parse_peers(values["peers"] or "", values["kafka_advertised_port"])
+    except ValueError as e:
+        raise ConfigError(f"invalid setting {_name(peers_setting)}: {e}") from None
+    if values["peers"]:
+        ids = [p.node_id for p in values["peers"]]
+        if values["node_id"] not in ids:
+            raise ConfigError(
+                f"invalid setting {_name(peers_setting)}: this node's id {values['node_id']} "
+                f"(KMQKAFKA_NODE_ID) is not among the peers {ids}"
+            )
+    if values["raft_election_ticks"] < 2:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['raft_election_ticks'])}: must be at least 2"
+        )
 
     extra = {k: v for k, v in file_data.items() if k not in ("kafka", "server")}
     return Settings(**values, config_file=file_path, file_tables=extra)

@@ -4,15 +4,12 @@ second; every wait is bounded.
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import BrokerProcess, start_broker  # noqa: E402
+from conftest import BrokerProcess, start_broker
 
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
@@ -100,7 +97,6 @@ def test_consumer_joins_and_reads_everything(kmq: BrokerProcess) -> None:
 
 def test_two_members_split_partitions_and_describe_shows_them(kmq: BrokerProcess) -> None:
     create_topic(kmq, "cp2", 4)
-    values = produce(kmq, "cp2", 4, 3)
     a, b = consumer(kmq, "g2"), consumer(kmq, "g2")
     try:
         a.subscribe(["cp2"])
@@ -108,6 +104,7 @@ def test_two_members_split_partitions_and_describe_shows_them(kmq: BrokerProcess
         b.subscribe(["cp2"])
         owned = wait_for_assignment([a, b], 4)
         assert not owned[0] & owned[1] and owned[0] | owned[1] == {0, 1, 2, 3}
+        values = produce(kmq, "cp2", 4, 3)  # after the split: waiting polls drop records
         got = drain([a, b], len(values))
         assert {v for part in got for _, v in part} == values
         for mine, records in zip(owned, got):  # nobody read a partition it did not own
@@ -145,5 +142,26 @@ def test_committed_offsets_resume_after_restart(kmq: BrokerProcess) -> None:
         assert {v for _, v in got[0]} == second, "resumed from the committed offsets"
         committed = c.committed([TopicPartition("cp3", 0), TopicPartition("cp3", 1)], 10)
         assert [tp.offset for tp in committed] == [4, 4]
+    finally:
+        c.close()
+
+
+def test_group_state_survives_a_daemon_restart(kmq: BrokerProcess) -> None:
+    """A member keeps its epoch and assignment across a broker restart and keeps consuming."""
+    create_topic(kmq, "cp4", 2)
+    first = produce(kmq, "cp4", 2, 2, prefix="before")
+    c = consumer(kmq, "g4")
+    try:
+        c.subscribe(["cp4"])
+        assert {v for _, v in drain([c], len(first))[0]} == first
+        admin = AdminClient({"bootstrap.servers": kmq.bootstrap})
+        before = admin.describe_consumer_groups(["g4"])["g4"].result(15)
+        kmq.stop()
+        kmq.restart()
+        admin = AdminClient({"bootstrap.servers": kmq.bootstrap})  # keep it referenced
+        after = admin.describe_consumer_groups(["g4"])["g4"].result(15)
+        assert [m.member_id for m in after.members] == [m.member_id for m in before.members]
+        second = produce(kmq, "cp4", 2, 2, prefix="after")
+        assert {v for _, v in drain([c], len(second))[0]} == second
     finally:
         c.close()

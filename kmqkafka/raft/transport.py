@@ -1,0 +1,460 @@
+"""Peer-to-peer TCP (or TLS) transport: Raft messages, forwarded proposals, snapshot files.
+
+Every node listens on its Raft address and keeps one outgoing connection to each peer, opened
+on demand and re-opened with jittered exponential backoff (``backoff_min_s`` doubling to
+``backoff_max_s``, jitter from the injected ``random.Random``). A node sends its Raft messages
+and requests on its *outgoing* connection; replies come back on the same connection. While a
+peer is unreachable its messages are dropped (Raft retransmits) and requests fail at once with
+``TransportError``.
+
+Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting kind + payload::
+
+    1 RAFT          kmqkafka.raft.messages.encode(message)
+    2 FORWARD       u64 request id, encoded store command        (follower -> leader)
+    3 FORWARD_OK    u64 request id, u64 index, u64 term           (the entry's position)
+    4 FORWARD_ERR   u64 request id, u64 leader hint (0 = none), UTF-8 reason
+    5 SNAPSHOT_GET  u64 snapshot index
+    6 SNAPSHOT_TAR  u64 size, then ``size`` raw bytes: an uncompressed tar of the tree
+                    (``u32 length`` is 9 for this kind; the raw bytes follow the frame)
+    7 SNAPSHOT_ERR  UTF-8 reason
+
+Snapshot files travel on a fresh connection per fetch (so a long transfer never delays Raft
+traffic); the server tars the hard-linked snapshot tree on ``run_io`` into a temporary file and
+streams it with ``FileSender``; the client writes it to disk as it arrives and unpacks it on
+``run_io`` into ``{raft}/snapshots/<index>`` via a ``.part`` directory and a rename.
+
+TLS: when the server has a certificate (``KMQKAFKA_TLS_CERT``) the Raft port speaks TLS and
+peers connect with TLS, presenting the same certificate; with ``KMQKAFKA_TLS_CA`` both sides
+verify each other against it, without it the link is encrypted but unauthenticated.
+Frames larger than ``max_frame`` close the connection.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import struct
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+from twisted.internet import protocol
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+from twisted.protocols.basic import FileSender
+from twisted.python.failure import Failure
+
+from kmqkafka.raft.errors import NotLeaderError, TransportError
+from kmqkafka.raft.messages import DecodeError, Message, Snapshot, decode, encode
+
+__all__ = ["RaftTransport"]
+
+log = Logger()
+
+_HEAD = struct.Struct(">IB")
+_U64 = struct.Struct(">Q")
+_U64x3 = struct.Struct(">QQQ")
+_U64x2 = struct.Struct(">QQ")
+RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
+
+
+class _Link(protocol.Protocol):
+    """One framed connection (either direction). Parsing only; the transport decides."""
+
+    def __init__(self, owner: "RaftTransport", outgoing: bool, peer: int = 0) -> None:
+        self.owner = owner
+        self.outgoing = outgoing
+        self.peer = peer
+        self._buf = bytearray()
+        self._pos = 0
+        self._raw_left = 0           # bytes of a SNAPSHOT_TAR body still to come
+        self._raw_sink: Any = None
+        self.on_tar: Any = None      # fetch links: callbacks for the tar body
+        self.on_lost: Any = None
+
+    def connectionMade(self) -> None:
+        self.owner._link_made(self)
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self.owner._link_lost(self, reason)
+        if self.on_lost is not None:
+            self.on_lost(reason)
+
+    def send(self, kind: int, payload: bytes = b"") -> None:
+        self.transport.write(_HEAD.pack(len(payload) + 1, kind) + payload)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._raw_left:
+            data = self._raw(data)
+            if not data:
+                return
+        self._buf += data
+        while True:
+            avail = len(self._buf) - self._pos
+            if avail < _HEAD.size:
+                break
+            length, kind = _HEAD.unpack_from(self._buf, self._pos)
+            if length < 1 or length > self.owner.max_frame:
+                log.warn("raft link: bad frame length {n}; closing", n=length)
+                self.transport.loseConnection()
+                return
+            if avail < 4 + length:
+                break
+            start = self._pos + _HEAD.size
+            payload = bytes(self._buf[start:self._pos + 4 + length])
+            self._pos += 4 + length
+            if kind == SNAPSHOT_TAR:
+                self._raw_left = _U64.unpack(payload)[0]
+                rest = bytes(self._buf[self._pos:])
+                self._buf, self._pos = bytearray(), 0
+                self._raw_sink = self.on_tar.begin(self._raw_left) if self.on_tar else None
+                if self._raw_left == 0:
+                    self._finish_raw()
+                rest = self._raw(rest) if rest else b""
+                self._buf += rest
+                continue
+            try:
+                self.owner._frame(self, kind, payload)
+            except Exception:
+                log.failure("raft link: bad frame of kind {kind}; closing", kind=kind)
+                self.transport.loseConnection()
+                return
+        if self._pos > 65536 and self._pos * 2 > len(self._buf):
+            del self._buf[:self._pos]
+            self._pos = 0
+
+    def _raw(self, data: bytes) -> bytes:
+        take = min(self._raw_left, len(data))
+        if self._raw_sink is not None:
+            self._raw_sink.write(data[:take])
+        self._raw_left -= take
+        if self._raw_left == 0:
+            self._finish_raw()
+        return data[take:]
+
+    def _finish_raw(self) -> None:
+        sink, self._raw_sink = self._raw_sink, None
+        if self.on_tar is not None:
+            self.on_tar.end(sink)
+
+
+class _LinkFactory(protocol.Factory):
+    def __init__(self, owner: "RaftTransport") -> None:
+        self.owner = owner
+
+    def buildProtocol(self, addr: Any) -> _Link:
+        return _Link(self.owner, outgoing=False)
+
+
+class _Peer:
+    """Outgoing connection state for one peer."""
+
+    def __init__(self, node_id: int, host: str, port: int) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.link: _Link | None = None
+        self.connecting = False
+        self.retry: IDelayedCall | None = None
+        self.backoff = 0.0
+
+
+class RaftTransport:
+    """Carries Raft traffic for one node. Reactor-thread only (tarring runs on ``run_io``)."""
+
+    def __init__(self, node_id: int, listen: tuple[str, int], peers: dict[int, tuple[str, int]],
+                 reactor: Any, rng: random.Random, run_io: Any, *, tls_server: Any = None,
+                 tls_client: Any = None, backoff_min_s: float = 0.05, backoff_max_s: float = 2.0,
+                 max_frame: int = 256 << 20, request_timeout_s: float = 5.0) -> None:
+        self.node_id = node_id
+        self.listen_addr = listen
+        self._peers = {i: _Peer(i, h, p) for i, (h, p) in peers.items() if i != node_id}
+        self._reactor = reactor
+        self._rng = rng
+        self._run_io = run_io
+        self._tls_server = tls_server
+        self._tls_client = tls_client
+        self._backoff = (backoff_min_s, backoff_max_s)
+        self.max_frame = max_frame
+        self._request_timeout = request_timeout_s
+        self._receiver: Any = None
+        self._port: Any = None
+        self._next_id = 1
+        self._requests: dict[int, tuple[Deferred, int, IDelayedCall]] = {}
+        self._incoming: set[_Link] = set()
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, receiver: Any) -> None:
+        """Listen on the Raft port; ``receiver`` is the ``RaftProposer``."""
+        self._receiver = receiver
+        host, port = self.listen_addr
+        factory = _LinkFactory(self)
+        if self._tls_server is not None:
+            self._port = self._reactor.listenSSL(port, factory, self._tls_server, interface=host)
+        else:
+            self._port = self._reactor.listenTCP(port, factory, interface=host)
+        for peer in self._peers.values():
+            self._connect(peer)
+
+    def stop(self) -> Deferred:
+        self._stopping = True
+        for peer in self._peers.values():
+            if peer.retry is not None and peer.retry.active():
+                peer.retry.cancel()
+            if peer.link is not None:
+                peer.link.transport.loseConnection()
+        for link in list(self._incoming):
+            link.transport.loseConnection()
+        for rid in list(self._requests):
+            self._finish(rid, TransportError("transport stopped"))
+        port, self._port = self._port, None
+        return maybeDeferred(port.stopListening) if port is not None else succeed(None)
+
+    # ------------------------------------------------------------------ outgoing
+
+    def _connect(self, peer: _Peer) -> None:
+        if self._stopping or peer.connecting or peer.link is not None:
+            return
+        peer.connecting = True
+        factory = protocol.ClientFactory()
+        factory.protocol = lambda: _Link(self, outgoing=True, peer=peer.node_id)  # type: ignore
+        factory.clientConnectionFailed = lambda c, reason: self._connect_failed(peer)  # type: ignore
+        if self._tls_client is not None:
+            self._reactor.connectSSL(peer.host, peer.port, factory, self._tls_client, timeout=5)
+        else:
+            self._reactor.connectTCP(peer.host, peer.port, factory, timeout=5)
+
+    def _connect_failed(self, peer: _Peer) -> None:
+        peer.connecting = False
+        self._schedule_reconnect(peer)
+
+    def _schedule_reconnect(self, peer: _Peer) -> None:
+        if self._stopping or (peer.retry is not None and peer.retry.active()):
+            return
+        lo, hi = self._backoff
+        peer.backoff = min(hi, max(lo, peer.backoff * 2))
+        delay = peer.backoff * (0.5 + self._rng.random() / 2)
+        peer.retry = self._reactor.callLater(delay, self._connect, peer)
+
+    def _link_made(self, link: _Link) -> None:
+        if not link.outgoing:
+            self._incoming.add(link)
+            return
+        if link.on_tar is not None:
+            link.on_tar.start()  # a snapshot fetch: ask for the tree
+            return
+        peer = self._peers.get(link.peer)
+        if peer is None:
+            return
+        peer.connecting = False
+        peer.link = link
+        peer.backoff = 0.0
+        log.info("raft link to node {peer} up", peer=peer.node_id)
+
+    def _link_lost(self, link: _Link, reason: Failure) -> None:
+        self._incoming.discard(link)
+        if not link.outgoing or link.on_tar is not None:
+            return
+        peer = self._peers.get(link.peer)
+        if peer is None or peer.link is not link:
+            return
+        peer.link = None
+        for rid, (_d, to, _t) in list(self._requests.items()):
+            if to == peer.node_id:
+                self._finish(rid, TransportError(f"connection to node {to} lost"))
+        if not self._stopping:
+            log.info("raft link to node {peer} down", peer=peer.node_id)
+            self._schedule_reconnect(peer)
+
+    def send(self, messages: Sequence[Message]) -> None:
+        """Send Raft messages, best effort (dropped while the peer is unreachable)."""
+        for m in messages:
+            peer = self._peers.get(m.to)
+            if peer is None:
+                continue
+            if peer.link is None:
+                self._connect(peer)
+                continue
+            peer.link.send(RAFT, encode(m))
+
+    def forward(self, to: int, data: bytes) -> Deferred:
+        """Ask node ``to`` (the leader) to propose ``data``; fires with ``(index, term)``."""
+        peer = self._peers.get(to)
+        if peer is None or peer.link is None:
+            if peer is not None:
+                self._connect(peer)
+            return fail(TransportError(f"no connection to node {to}"))
+        rid = self._next_id
+        self._next_id += 1
+        d: Deferred = Deferred()
+        timer = self._reactor.callLater(self._request_timeout, self._finish, rid,
+                                        TransportError(f"node {to} did not answer"))
+        self._requests[rid] = (d, to, timer)
+        peer.link.send(FORWARD, _U64.pack(rid) + data)
+        return d
+
+    def _finish(self, rid: int, outcome: Any) -> None:
+        entry = self._requests.pop(rid, None)
+        if entry is None:
+            return
+        d, _to, timer = entry
+        if timer.active():
+            timer.cancel()
+        if isinstance(outcome, Exception):
+            d.errback(outcome)
+        else:
+            d.callback(outcome)
+
+    # ------------------------------------------------------------------ incoming frames
+
+    def _frame(self, link: _Link, kind: int, payload: bytes) -> None:
+        if kind == RAFT:
+            try:
+                message = decode(payload)
+            except DecodeError as e:
+                log.warn("raft link: undecodable message: {e}", e=e)
+                return
+            if self._receiver is not None:
+                self._receiver.receive(message)
+        elif kind == FORWARD:
+            rid = _U64.unpack_from(payload)[0]
+            self._serve_forward(link, rid, payload[8:])
+        elif kind == FORWARD_OK:
+            rid, index, term = _U64x3.unpack(payload)
+            self._finish(rid, (index, term))
+        elif kind == FORWARD_ERR:
+            rid, hint = _U64x2.unpack_from(payload)
+            self._finish(rid, NotLeaderError(payload[16:].decode("utf-8", "replace"),
+                                             hint or None))
+        elif kind == SNAPSHOT_GET:
+            self._serve_snapshot(link, _U64.unpack(payload)[0])
+        elif kind == SNAPSHOT_ERR:
+            if link.on_tar is not None:
+                link.on_tar.error(payload.decode("utf-8", "replace"))
+        else:
+            raise ValueError(f"unknown frame kind {kind}")
+
+    def _serve_forward(self, link: _Link, rid: int, data: bytes) -> None:
+        try:
+            index, term = self._receiver.handle_forward(data)
+        except NotLeaderError as e:
+            link.send(FORWARD_ERR, _U64x2.pack(rid, e.leader or 0) + str(e).encode())
+            return
+        link.send(FORWARD_OK, _U64x3.pack(rid, index, term))
+
+    # ------------------------------------------------------------------ snapshots
+
+    def _serve_snapshot(self, link: _Link, index: int) -> None:
+        path = self._receiver.snapshot_path(index) if self._receiver else None
+        if path is None:
+            link.send(SNAPSHOT_ERR, f"no snapshot {index} here".encode())
+            return
+
+        def pack() -> str:
+            fd, name = tempfile.mkstemp(prefix="snapshot-", suffix=".tar", dir=path.parent)
+            with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
+                tar.add(path, arcname=".")
+            return name
+
+        def send(name: str) -> Deferred:
+            size = os.path.getsize(name)
+            f = open(name, "rb")
+            link.transport.write(_HEAD.pack(9, SNAPSHOT_TAR) + _U64.pack(size))
+            d = FileSender().beginFileTransfer(f, link.transport)
+
+            def done(result: object) -> object:
+                f.close()
+                os.unlink(name)
+                return result
+
+            return d.addBoth(done)
+
+        d = self._run_io(pack).addCallback(send)
+        d.addErrback(lambda f: log.failure("serving snapshot {index}", f, index=index))
+
+    def fetch_snapshot(self, frm: int, snapshot: Snapshot) -> Deferred:
+        """Copy node ``frm``'s snapshot tree (named by ``snapshot.data``) into the local
+        snapshot directory; fires once it is complete there."""
+        peer = self._peers.get(frm)
+        if peer is None:
+            return fail(TransportError(f"unknown node {frm}"))
+        index = int(snapshot.data.split(b":")[1])
+        dest_dir: Path = self._receiver.snapshot_dir
+        result: Deferred = Deferred()
+        fetch = _Fetch(self, index, dest_dir, result)
+        factory = protocol.ClientFactory()
+
+        def build() -> _Link:
+            link = _Link(self, outgoing=True, peer=frm)
+            link.on_tar = fetch
+            link.on_lost = fetch.lost
+            fetch.link = link
+            return link
+
+        factory.protocol = build  # type: ignore[assignment]
+        factory.clientConnectionFailed = lambda c, reason: fetch.error(  # type: ignore
+            f"cannot connect to node {frm}")
+        if self._tls_client is not None:
+            self._reactor.connectSSL(peer.host, peer.port, factory, self._tls_client, timeout=5)
+        else:
+            self._reactor.connectTCP(peer.host, peer.port, factory, timeout=5)
+        fetch.start = lambda: fetch.link.send(SNAPSHOT_GET, _U64.pack(index))
+        return result
+
+
+class _Fetch:
+    """Client side of one snapshot download."""
+
+    def __init__(self, owner: RaftTransport, index: int, dest_dir: Path, result: Deferred) -> None:
+        self.owner = owner
+        self.index = index
+        self.dest_dir = dest_dir
+        self.result = result
+        self.link: _Link | None = None
+        self.start: Any = None
+        self.tmp = dest_dir / f"incoming-{index}.tar"
+
+    def begin(self, size: int) -> Any:
+        return open(self.tmp, "wb")
+
+    def end(self, sink: Any) -> None:
+        if sink is not None:
+            sink.close()
+        if self.link is not None:
+            self.link.on_lost = None
+            self.link.transport.loseConnection()
+        final = self.dest_dir / f"{self.index:020d}"
+        part = self.dest_dir / f"{self.index:020d}.part"
+
+        def unpack() -> None:
+            shutil.rmtree(part, ignore_errors=True)
+            with tarfile.open(self.tmp, "r") as tar:
+                tar.extractall(part, filter="data")
+            os.unlink(self.tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(part, final)
+
+        d = self.owner._run_io(unpack)
+        d.addCallbacks(lambda _: self._done(None), lambda f: self._done(f))
+
+    def error(self, reason: str) -> None:
+        if self.link is not None:
+            self.link.on_lost = None
+            self.link.transport.loseConnection()
+        self._done(Failure(TransportError(reason)))
+
+    def lost(self, reason: Failure) -> None:
+        self._done(Failure(TransportError(f"snapshot link lost: {reason.getErrorMessage()}")))
+
+    def _done(self, outcome: Any) -> None:
+        if self.result.called:
+            return
+        if isinstance(outcome, Failure):
+            self.result.errback(outcome)
+        else:
+            self.result.callback(outcome)

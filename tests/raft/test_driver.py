@@ -1,0 +1,237 @@
+"""Three store nodes with Raft drivers on one fake clock and an in-memory network.
+
+Scenario scripts: a leader is elected, commands proposed on the leader are applied on every
+node with the same Sequences, results come back to the proposer, a follower forwards to the
+leader, a crashed leader is replaced and catches up after restart (replaying its Raft log past
+its applied-index checkpoint without applying twice), no leader means a clean NoLeaderError,
+and a follower that fell behind a compacted log is caught up by a snapshot.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from twisted.internet.task import Clock
+
+from kmqkafka.raft.errors import NoLeaderError
+from kmqkafka.raft.proposer import Member, RaftProposer
+from kmqkafka.records import NewRecord, build_batch, iter_records
+from kmqkafka.store.errors import ChannelExists
+from kmqkafka.store.store import ChannelStore
+from tests.raft.fakes import Network
+
+TICK = 0.1
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path, n: int = 3, seed: int = 7, **raft: object) -> None:
+        self.tmp = tmp_path
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.net = Network(self.clock)
+        self.ids = list(range(1, n + 1))
+        self.members = {i: Member(i, "127.0.0.1", 0, "127.0.0.1", 9092 + i) for i in self.ids}
+        self.seed = seed
+        self.raft = raft
+        self.stores: dict[int, ChannelStore] = {}
+        self.started: dict[int, object] = {}
+        for i in self.ids:
+            self.boot(i)
+
+    def boot(self, i: int) -> None:
+        transport = self.net.transport(i)
+        rng = random.Random(self.seed * 100 + i + len(self.started))
+
+        def factory(machine, reactor, run_io):
+            return RaftProposer(machine, reactor, run_io, node_id=i, members=self.members,
+                                transport=transport, raft_dir=self.tmp / f"n{i}" / "raft",
+                                rng=rng, tick_s=TICK, **self.raft)
+
+        store = ChannelStore(self.tmp / f"n{i}", self.clock, threaded_io=False,
+                             proposer_factory=factory)
+        self.stores[i] = store
+        out: list = []
+        store.start().addBoth(out.append)
+        self.started[i] = out
+
+    def crash(self, i: int) -> None:
+        """Lose the process: no flush, no clean stop; files stay as written."""
+        store = self.stores.pop(i)
+        p = store.proposer
+        p._stopped = True
+        p.driver._stopped = True
+        if p.driver._ticker.running:
+            p.driver._ticker.stop()
+        for loop in store._loops:
+            if loop.running:
+                loop.stop()
+        self.net.nodes[i].receiver = None
+        p.storage.close()
+        store.machine.close()
+
+    def run(self, seconds: float = 0.0) -> None:
+        for _ in range(5):
+            self.clock.advance(0)
+        steps = int(round(seconds / TICK))
+        for _ in range(steps):
+            self.clock.advance(TICK)
+            for _ in range(5):
+                self.clock.advance(0)
+
+    def leader(self) -> int | None:
+        leaders = [i for i, s in self.stores.items() if s.is_leader()]
+        assert len(leaders) <= 1
+        return leaders[0] if leaders else None
+
+    def wait_leader(self, seconds: float = 10.0) -> int:
+        for _ in range(int(seconds / TICK)):
+            self.run(TICK)
+            if self.leader() is not None:
+                return self.leader()
+        raise AssertionError("no leader elected")
+
+    def result(self, d, seconds: float = 5.0):
+        out: list = []
+        d.addBoth(out.append)
+        for _ in range(int(seconds / TICK)):
+            if out:
+                break
+            self.run(TICK)
+        assert out, "proposal did not complete"
+        if hasattr(out[0], "raiseException"):
+            out[0].raiseException()
+        return out[0]
+
+
+def batch(*values: bytes) -> bytes:
+    return build_batch([NewRecord(value=v) for v in values], now_ms=1)
+
+
+def values(store: ChannelStore, name: str) -> list[bytes]:
+    b = store.bounds(name)
+    if b.high_watermark <= b.log_start:
+        return []
+    res = store.read(name, b.log_start, 1 << 24)
+    return [r.value for x in res.batches for r in iter_records(x)]
+
+
+def test_a_leader_is_elected_and_commands_replicate_with_the_same_sequences(tmp_path):
+    cl = Cluster(tmp_path)
+    leader = cl.wait_leader()
+    assert all(s.leader_id() == leader for s in cl.stores.values())
+    ls = cl.stores[leader]
+    assert cl.result(ls.create_channel("kafka.t")) is True
+    results = [cl.result(ls.append_batch("kafka.t", batch(b"a%d" % i, b"b%d" % i)))
+               for i in range(5)]
+    assert [(r.first_sequence, r.last_sequence) for r in results] == [
+        (1, 2), (3, 4), (5, 6), (7, 8), (9, 10)]
+    cl.run(1.0)
+    expect = [v for i in range(5) for v in (b"a%d" % i, b"b%d" % i)]
+    for s in cl.stores.values():
+        assert values(s, "kafka.t") == expect
+        assert s.bounds("kafka.t").high_watermark == 11
+    # Errors come back like LocalProposer's.
+    with pytest.raises(ChannelExists):
+        cl.result(ls.create_channel("kafka.t"))
+
+
+def test_many_proposals_in_one_turn_share_few_raft_log_writes(tmp_path):
+    cl = Cluster(tmp_path)
+    ls = cl.stores[cl.wait_leader()]
+    cl.result(ls.create_channel("c"))
+    before = ls.proposer.driver.ready_count
+    ds = [ls.append_batch("c", batch(b"%d" % i)) for i in range(200)]
+    firsts = [cl.result(d).first_sequence for d in ds]
+    assert firsts == list(range(1, 201))
+    assert ls.proposer.driver.ready_count - before < 20
+
+
+def test_a_follower_forwards_to_the_leader_and_gets_the_result(tmp_path):
+    cl = Cluster(tmp_path)
+    leader = cl.wait_leader()
+    follower = next(i for i in cl.ids if i != leader)
+    fs = cl.stores[follower]
+    assert cl.result(fs.create_channel("kafka.f")) is True
+    r = cl.result(fs.append_batch("kafka.f", batch(b"x", b"y", b"z")))
+    assert (r.first_sequence, r.last_sequence) == (1, 3)
+    # The follower answered from its own applied state: it can read what it acknowledged.
+    assert values(fs, "kafka.f") == [b"x", b"y", b"z"]
+    cl.run(0.5)
+    assert values(cl.stores[leader], "kafka.f") == [b"x", b"y", b"z"]
+
+
+def test_leader_crash_elects_a_new_leader_and_the_old_one_catches_up(tmp_path):
+    cl = Cluster(tmp_path)
+    old = cl.wait_leader()
+    cl.result(cl.stores[old].create_channel("kafka.t"))
+    for i in range(3):
+        cl.result(cl.stores[old].append_batch("kafka.t", batch(b"before%d" % i)))
+    cl.crash(old)
+    new = cl.wait_leader(seconds=10)
+    assert new != old
+    r = cl.result(cl.stores[new].append_batch("kafka.t", batch(b"after")))
+    assert r.first_sequence == 4
+    cl.boot(old)
+    cl.run(3.0)
+    assert cl.started[old] == [None]
+    expect = [b"before0", b"before1", b"before2", b"after"]
+    for s in cl.stores.values():
+        assert values(s, "kafka.t") == expect
+
+
+def test_restart_replays_only_entries_after_the_checkpoint(tmp_path):
+    """Applied-but-unflushed entries are cut back and replayed: nothing is applied twice."""
+    cl = Cluster(tmp_path, n=1)
+    cl.wait_leader()
+    s = cl.stores[1]
+    cl.result(s.create_channel("kafka.t"))
+    cl.result(s.append_batch("kafka.t", batch(b"a")))
+    # Apply more without letting the group commit (and its checkpoint) run, then crash.
+    s.proposer._commit.schedule = lambda: None
+    ds = [s.append_batch("kafka.t", batch(b"b%d" % i), durable=False) for i in range(3)]
+    ds.append(s.create_channel("kafka.late"))
+    ds.append(s.append_batch("kafka.late", batch(b"L"), durable=False))
+    cl.run(0.2)
+    assert s.machine.channels["kafka.t"].next_sequence == 5   # in the page cache
+    cl.crash(1)
+    cl.boot(1)
+    cl.run(1.0)
+    assert cl.started[1] == [None]
+    s = cl.stores[1]
+    assert values(s, "kafka.t") == [b"a", b"b0", b"b1", b"b2"]
+    assert values(s, "kafka.late") == [b"L"]
+    r = cl.result(s.append_batch("kafka.t", batch(b"c")))
+    assert r.first_sequence == 5
+
+
+def test_no_leader_fails_cleanly_within_the_timeout(tmp_path):
+    cl = Cluster(tmp_path, propose_timeout_s=2.0)
+    leader = cl.wait_leader()
+    others = [i for i in cl.ids if i != leader]
+    cl.crash(others[0])
+    cl.crash(others[1])
+    cl.run(3.0)  # the leader steps down (check-quorum)
+    with pytest.raises(NoLeaderError):
+        cl.result(cl.stores[leader].create_channel("x"), seconds=5)
+
+
+def test_a_lagging_follower_is_caught_up_by_a_snapshot(tmp_path):
+    cl = Cluster(tmp_path, compact_entries=20)
+    leader = cl.wait_leader()
+    lagging = next(i for i in cl.ids if i != leader)
+    ls = cl.stores[leader]
+    cl.result(ls.create_channel("kafka.s"))
+    cl.net.down.add(lagging)
+    for i in range(60):
+        cl.result(ls.append_batch("kafka.s", batch(b"v%d" % i)))
+    cl.run(1.0)
+    assert ls.proposer.driver.node.snapshot_index > 0
+    cl.net.down.discard(lagging)
+    cl.run(5.0)
+    expect = [b"v%d" % i for i in range(60)]
+    assert values(cl.stores[lagging], "kafka.s") == expect
+    r = cl.result(ls.append_batch("kafka.s", batch(b"more")))
+    cl.run(1.0)
+    assert values(cl.stores[lagging], "kafka.s") == expect + [b"more"]
+    assert r.first_sequence == 61
