@@ -6,7 +6,6 @@ a real ``twistd -n kmqkafka`` subprocess over loopback sockets.
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import socket
 import ssl
@@ -31,7 +30,7 @@ from kmqkafka.kafka import api_versions
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import MAX_IN_FLIGHT, ConnectionLimiter, KafkaFactory
 
-from conftest import HOST, BrokerProcess, http_get, start_broker
+from conftest import HOST, BrokerProcess, http_get, make_self_signed, start_broker
 
 # -- raw frames ------------------------------------------------------------------------------
 
@@ -373,35 +372,6 @@ def test_kafka_disabled_never_binds(tmp_path: Path) -> None:
         assert b.health() == 200
     finally:
         assert b.stop() == 0
-
-
-def make_self_signed(directory: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kmqkafka-test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]),
-            critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "server.pem", directory / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 def test_tls_listener_answers_api_versions(tmp_path: Path) -> None:
