@@ -1,6 +1,7 @@
 """Store benchmark: durable append throughput vs the raw disk, and cached read throughput.
 
 Run: .venv/bin/python bench/store_bench.py [--mib 256] [--dir /path/on/the/disk]
+     [--proposer raft|local]   (default local, or env KMQ_BENCH_PROPOSER)
 
 Prints a human summary, then one JSON line last with keys append_mb_s,
 disk_mb_s, append_ratio, read_mb_s (plus details) so runs can be compared.
@@ -88,7 +89,11 @@ async def main(args: argparse.Namespace) -> dict:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="kmq-bench-", dir="/var/tmp"))
     base.mkdir(parents=True, exist_ok=True)
     try:
-        store = ChannelStore(base / "store", reactor)
+        factory = None
+        if args.proposer == "raft":
+            from kmqkafka.raft.proposer import one_member_factory
+            factory = one_member_factory(reactor, base / "store" / "raft")
+        store = ChannelStore(base / "store", reactor, proposer_factory=factory)
         await store.start()
         disks, disks_each, bigs = [], [], []
         # Alternate raw and store runs so drift in the VM's disk hits both alike.
@@ -115,6 +120,7 @@ async def main(args: argparse.Namespace) -> dict:
         "disk_fsync_each_mb_s": round(disk_each, 1),
         "read_bytes": read_bytes,
         "mib": args.mib,
+        "proposer": args.proposer,
     }
 
 
@@ -123,10 +129,15 @@ if __name__ == "__main__":
     parser.add_argument("--mib", type=int, default=128, help="MiB appended per 1 MiB-batch run")
     parser.add_argument("--rounds", type=int, default=3, help="alternating raw/store rounds (median)")
     parser.add_argument("--dir", help="directory on the disk to measure (default: a temp dir)")
+    parser.add_argument("--proposer", choices=("raft", "local"),
+                        default=os.environ.get("KMQ_BENCH_PROPOSER", "local"),
+                        help="store proposer: one-member Raft or the local group commit "
+                             "(env KMQ_BENCH_PROPOSER)")
     cli = parser.parse_args()
 
     async def go(_reactor: object) -> None:
         figures = await main(cli)
+        print(f"proposer:                           {figures['proposer']}")
         print(f"raw disk, fdatasync every {IN_FLIGHT} MiB:  {figures['disk_mb_s']} MB/s")
         print(f"raw disk, fdatasync every 1 MiB:   {figures['disk_fsync_each_mb_s']} MB/s")
         print(f"durable appends, 1 MiB batches:     {figures['append_mb_s']} MB/s "

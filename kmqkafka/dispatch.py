@@ -193,6 +193,12 @@ class Dispatcher:
 
         return decorate
 
+    def wrap(self, api_key: int, wrapper: Callable[[Handler], Handler]) -> None:
+        """Replace a registered handler by ``wrapper(handler)`` (cross-cutting concerns
+        such as quotas); the advertised versions do not change."""
+        reg = self._registry[api_key]
+        self._registry[api_key] = dataclasses.replace(reg, handler=wrapper(reg.handler))
+
     def lookup(self, api_key: int) -> Registration | None:
         """The registration for ``api_key``, or ``None`` if the key is not served."""
         return self._registry.get(api_key)

@@ -20,6 +20,7 @@ from kmqkafka.kafka import (
     positions, produce, producers,
 )
 from kmqkafka.kafka.context import Broker
+from kmqkafka.kafka import quotas
 from kmqkafka.kafka.topics import TopicCatalog
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import ConnectionLimiter, KafkaFactory
@@ -73,6 +74,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
     register_handlers(dispatcher)
+    quotas.install(dispatcher, settings, reactor)
 
     listeners: list[Listener] = []
     if settings.kafka_enable:

@@ -36,6 +36,13 @@ def error_code_for(exc: BaseException) -> ErrorCode:
         return ErrorCode.topic_already_exists
     if isinstance(exc, (store_errors.ReservedChannel, store_errors.InvalidChannelName)):
         return ErrorCode.invalid_topic_exception
+    from kmqkafka.raft import errors as raft_errors
+
+    if isinstance(exc, (raft_errors.NoLeaderError, raft_errors.NotLeaderError)):
+        return ErrorCode.not_leader_or_follower
+    if isinstance(exc, (raft_errors.CommitTimeout, raft_errors.ProposalLost,
+                        raft_errors.TransportError)):
+        return ErrorCode.request_timed_out
     if isinstance(exc, store_errors.StoreStopped):
         return ErrorCode.not_leader_or_follower
     if isinstance(exc, store_errors.StoreError):

@@ -38,3 +38,68 @@ def advertised(broker: Broker, listener: str) -> tuple[str, int]:
     if listener == "SSL":
         return s.kafka_advertised_host, s.kafka_tls_port
     return s.kafka_advertised_host, s.kafka_advertised_port or s.kafka_port
+
+
+# --- the cluster as Kafka sees it -------------------------------------------------------
+
+
+def _proposer(broker: Broker) -> object | None:
+    store = broker.store
+    return getattr(store, "proposer", None) if store is not None else None
+
+
+def members(broker: Broker) -> list:
+    """The Raft members (``kmqkafka.raft.proposer.Member``), by node id; [] on a lone node."""
+    get = getattr(_proposer(broker), "member_list", None)
+    return list(get()) if get is not None else []
+
+
+def clustered(broker: Broker) -> bool:
+    """Whether this node is one of several Raft members."""
+    return len(members(broker)) > 1
+
+
+def brokers(broker: Broker, listener: str) -> list[tuple[int, str, int]]:
+    """``(node_id, host, port)`` of every node for ``listener``: this node's own advertised
+    endpoint, the others' from ``--peers`` (on SSL the others are assumed to use this node's
+    TLS port: peers carry one Kafka endpoint)."""
+    me = node_id(broker)
+    own = advertised(broker, listener)
+    out = []
+    for m in members(broker):
+        if m.node_id == me:
+            out.append((me, *own))
+        elif listener == "SSL":
+            out.append((m.node_id, m.kafka_host, broker.settings.kafka_tls_port))
+        else:
+            out.append((m.node_id, m.kafka_host, m.kafka_port))
+    return out or [(me, *own)]
+
+
+def endpoint(broker: Broker, node: int, listener: str) -> tuple[str, int] | None:
+    for i, host, port in brokers(broker, listener):
+        if i == node:
+            return host, port
+    return None
+
+
+def leader(broker: Broker) -> int | None:
+    """The node that leads every partition and coordinates every group: the Raft leader
+    (this node on a lone broker); None while no leader is known."""
+    if not clustered(broker):
+        return node_id(broker)
+    store = broker.store
+    return store.leader_id() if store is not None else None
+
+
+def is_leader(broker: Broker) -> bool:
+    if not clustered(broker):
+        return True
+    return bool(broker.store.is_leader())
+
+
+def term(broker: Broker) -> int:
+    """The current Raft term (0 when unknown or on a lone broker)."""
+    driver = getattr(_proposer(broker), "driver", None)
+    node = getattr(driver, "node", None)
+    return int(getattr(node, "term", 0) or 0) if clustered(broker) else 0

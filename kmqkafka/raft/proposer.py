@@ -434,3 +434,28 @@ class RaftProposer:
             return snapshot_ref(index)
 
         return self._commit.drain().addCallback(snap).addCallback(prune)
+
+
+def one_member_factory(reactor: Any, raft_dir: Path, *, node_id: int = 1,
+                       rng: random.Random | None = None, **kwargs: Any) -> Callable[..., Any]:
+    """A ``ChannelStore`` proposer factory: Raft with this node as the only voter, Raft log
+    writes on their own I/O thread (what ``tap.raft_proposer_factory`` builds without peers;
+    used by benchmarks and tests)."""
+    from twisted.internet import threads
+    from twisted.python.threadpool import ThreadPool
+
+    def factory(machine: StateMachine, clock: Any, run_io: IORunner) -> RaftProposer:
+        pool = ThreadPool(1, 1, "kmqkafka-raft")
+        pool.start()
+        reactor.addSystemEventTrigger("after", "shutdown", pool.stop)
+
+        def run_raft_io(f: Callable[..., Any], *args: Any) -> Deferred:
+            return threads.deferToThreadPool(reactor, pool, f, *args)
+
+        proposer = RaftProposer(machine, clock, run_io, node_id=node_id, members=None,
+                                transport=None, raft_dir=Path(raft_dir),
+                                rng=rng or random.Random(), run_raft_io=run_raft_io, **kwargs)
+        proposer.io_pool = pool
+        return proposer
+
+    return factory
