@@ -8,23 +8,35 @@ registers the lag collector; ``install(broker)`` does that eagerly from the tap)
 durable state on first use after the store has recovered. The CreatePartitions handler calls
 ``broker.extras["groups"].rebalance_groups_subscribed_to(topic)``.
 
-This broker is the coordinator of every group (a one-node cluster), so FindCoordinator answers
-with this node for groups; transaction coordinators are not served yet
-(COORDINATOR_NOT_AVAILABLE), share-group keys get INVALID_REQUEST.
+Clusters: coordinator state lives in memory on one node, so the Raft leader coordinates every
+group. FindCoordinator answers with the leader (COORDINATOR_NOT_AVAILABLE while none is known);
+transaction coordinators are not served yet (COORDINATOR_NOT_AVAILABLE), share-group keys get
+INVALID_REQUEST. ``Coordination`` (``broker.extras["coordination"]``) follows leadership: when
+this node becomes leader it passes a barrier (an empty write through Raft, so everything an
+earlier leader committed is applied here), then reloads the coordinators from the replicated
+store; until then it answers COORDINATOR_LOAD_IN_PROGRESS. When it stops leading it drops that
+state (parked JoinGroup/SyncGroup calls get NOT_COORDINATOR). ``coordinated(handler)`` wraps
+every group/offset handler: on the serving leader it runs locally; on a follower the request is
+relayed to the leader (``kmqkafka.net.forward``) and its answer returned; a relayed request that
+reaches a node that does not serve gets NOT_COORDINATOR.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from typing import Any
+from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from kmqkafka.coordinators.group import (
     ClassicGroup, GroupCoordinator, JoinRequest, JoinResult, SyncResult,
 )
 from kmqkafka.coordinators.offsets import LagCollector
-from kmqkafka.dispatch import Dispatcher
+from kmqkafka.coordinators.group import GROUPS_FAMILY
+from kmqkafka.dispatch import Dispatcher, error_response
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -33,6 +45,10 @@ FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 1
 DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
 KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION = 0, 1
 _NO_OPERATIONS = -2147483648
+_CHECK_S = 0.1
+_FORWARD_TIMEOUT_S = 30.0
+
+log = Logger()
 
 
 def install(broker: Broker) -> GroupCoordinator:
@@ -47,7 +63,12 @@ def install(broker: Broker) -> GroupCoordinator:
                                    max_groups=broker.settings.kafka_max_groups)
     broker.extras["groups"] = coordinator
 
+    coordination = Coordination(broker)
+    broker.extras["coordination"] = coordination
+
     def ready() -> bool:
+        if not coordination.serving():
+            return False
         if not coordinator.loaded and getattr(broker.store, "started", False):
             coordinator.load()
         return coordinator.loaded
@@ -58,6 +79,234 @@ def install(broker: Broker) -> GroupCoordinator:
         # Seed 004: growing a topic rebalances every group subscribed to it.
         topics.on_partitions_added(lambda topic: coordinator.rebalance_groups_subscribed_to(topic.name))
     return coordinator
+
+
+class Coordination:
+    """Whether this node coordinates groups now, and the transitions when leadership moves.
+
+    On a lone node it always serves (and nothing here runs). In a cluster a check every
+    ``_CHECK_S`` (and on every routed request) compares Raft leadership with what it serves.
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.ready_term: int | None = None  # the term whose coordinator state is loaded
+        self._loading_term: int | None = None
+        self._timer: Any = None
+        self.forwarder: Any = None
+        self.reloads = 0
+
+    def clustered(self) -> bool:
+        return identity.clustered(self.broker)
+
+    def serving(self) -> bool:
+        """This node answers coordinator calls itself."""
+        if not self.clustered():
+            return True
+        self.check()
+        return self.ready_term is not None
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = self.broker.reactor.callLater(_CHECK_S, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.forwarder is not None:
+            self.forwarder.close()
+
+    def _tick(self) -> None:
+        self._timer = None
+        try:
+            self.check()
+        finally:
+            self._timer = self.broker.reactor.callLater(_CHECK_S, self._tick)
+
+    def check(self) -> None:
+        broker = self.broker
+        if not self.clustered() or not getattr(broker.store, "started", False):
+            return
+        term = identity.term(broker)
+        if broker.store.is_leader():
+            if self.ready_term == term or self._loading_term == term:
+                return
+            if self.ready_term is not None:
+                self._unload("a new term began")
+            self._loading_term = term
+            log.info("node became raft leader (term {term}): loading group coordinator",
+                     term=term)
+            try:
+                barrier = broker.store.keyed_put(GROUPS_FAMILY, [])
+            except Exception as exc:  # a stopping store raises
+                self._loading_term = None
+                log.warn("coordinator barrier failed: {error}", error=exc)
+                return
+            barrier.addCallbacks(self._barrier_passed, self._barrier_failed,
+                                 callbackArgs=(term,), errbackArgs=(term,))
+        elif self.ready_term is not None or self._loading_term is not None:
+            self._loading_term = None
+            if self.ready_term is not None:
+                self._unload("this node is no longer the raft leader")
+
+    def _barrier_passed(self, _: object, term: int) -> None:
+        if self._loading_term != term:
+            return
+        self._loading_term = None
+        if not self.broker.store.is_leader() or identity.term(self.broker) != term:
+            return
+        self._unload("reloading")
+        coordinator_now(self.broker)
+        self.ready_term = term
+        self.reloads += 1
+        log.info("group coordinator serving for term {term}", term=term)
+
+    def _barrier_failed(self, failure: Failure, term: int) -> None:
+        if self._loading_term == term:
+            self._loading_term = None  # the next check tries again
+        log.warn("coordinator barrier failed (term {term}): {error}", term=term,
+                 error=failure.getErrorMessage())
+
+    def _unload(self, reason: str) -> None:
+        """Forget in-memory coordinator state: cancel timers, release parked calls."""
+        self.ready_term = None
+        broker = self.broker
+        classic = broker.extras.get("groups")
+        cg = broker.extras.get("consumer_groups")
+        if cg is not None:
+            if cg.loaded:
+                cg.stop()
+            cg.groups.clear()
+            cg.loaded = False
+        if classic is not None:
+            if classic.loaded:
+                classic.stop()
+                for group in classic.groups.values():
+                    for m in group.members.values():
+                        join, m.join_waiter = m.join_waiter, None
+                        sync, m.sync_waiter = m.sync_waiter, None
+                        m.awaiting_join = False
+                        if join is not None and not join.called:
+                            join.callback(JoinResult(ErrorCode.not_coordinator, m.member_id))
+                        if sync is not None and not sync.called:
+                            sync.callback(SyncResult(ErrorCode.not_coordinator))
+            classic.groups.clear()
+            classic.offsets._by_group.clear()
+            classic.loaded = False
+        log.info("group coordinator state dropped: {reason}", reason=reason)
+
+    def forward(self, request: Any, ctx: RequestContext) -> Deferred | None:
+        """Relay ``request`` to the leader's Kafka listener; None when no leader is known."""
+        from kmqkafka.net.forward import Forwarder, wrap
+
+        leader = self.broker.store.leader_id()
+        if leader is None or leader == identity.node_id(self.broker):
+            return None
+        where = identity.endpoint(self.broker, leader, "PLAINTEXT")
+        if where is None:
+            return None
+        if self.forwarder is None:
+            self.forwarder = Forwarder(self.broker.reactor)
+        parked = ctx.api_key in (JOIN_GROUP, SYNC_GROUP)
+        timeout = _FORWARD_TIMEOUT_S
+        if ctx.api_key == JOIN_GROUP:
+            timeout = max(timeout, _ms(getattr(request, "rebalance_timeout",
+                                               request.session_timeout)) / 1000 + 10)
+        return self.forwarder.call(where[0], where[1], request, wrap(ctx.peer, ctx.client_id),
+                                   exclusive=parked, timeout_s=timeout)
+
+
+ErrorBuilder = Callable[[Any, RequestContext, ErrorCode], Any]
+
+
+def top_level_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    response = error_response(ctx.response_type, code)
+    if response is None:
+        raise TypeError(f"{ctx.response_type.__name__} has no top-level error code")
+    return response
+
+
+def _relayed_ctx(ctx: RequestContext) -> tuple[RequestContext, bool]:
+    from kmqkafka.net.forward import unwrap
+
+    original = unwrap(ctx.client_id)
+    if original is None:
+        return ctx, False
+    peer, client_id = original
+    return dataclasses.replace(ctx, peer=peer, client_id=client_id), True
+
+
+def coordinated(handler: Callable[[Any, RequestContext], Any],
+                on_error: ErrorBuilder = top_level_error) -> Callable[[Any, RequestContext], Any]:
+    """Wrap a group/offset handler so that only the serving leader runs it (see module doc)."""
+
+    def routed(request: Any, ctx: RequestContext) -> Any:
+        ctx, relayed = _relayed_ctx(ctx)
+        coordination: Coordination | None = ctx.broker.extras.get("coordination")
+        if coordination is None or not coordination.clustered():
+            return handler(request, ctx)
+        if coordination.serving():
+            return handler(request, ctx)
+        store = ctx.broker.store
+        if store.is_leader():
+            return on_error(request, ctx, ErrorCode.coordinator_load_in_progress)
+        if relayed:
+            return on_error(request, ctx, ErrorCode.not_coordinator)
+        d = coordination.forward(request, ctx)
+        if d is None:
+            return on_error(request, ctx, ErrorCode.coordinator_not_available)
+
+        def unreachable(f: Failure) -> Any:
+            from twisted.internet.defer import CancelledError
+
+            if f.check(CancelledError):
+                return f
+            log.info("forwarding {api} to the leader failed: {error}", api=ctx.api_key,
+                     error=f.getErrorMessage())
+            return on_error(request, ctx, ErrorCode.coordinator_not_available)
+
+        return d.addErrback(unreachable)
+
+    routed.__name__ = getattr(handler, "__name__", "routed")
+    return routed
+
+
+def leader_routed(handler: Callable[[Any, RequestContext], Any]
+                  ) -> Callable[[Any, RequestContext], Any]:
+    """Run an admin handler on the leader when one is known (its side effects, such as the
+    rebalance CreatePartitions triggers, belong to the coordinator there); otherwise locally
+    (the store forwards its commands itself)."""
+
+    def routed(request: Any, ctx: RequestContext) -> Any:
+        ctx, relayed = _relayed_ctx(ctx)
+        coordination: Coordination | None = ctx.broker.extras.get("coordination")
+        if (relayed or coordination is None or not coordination.clustered()
+                or ctx.broker.store.is_leader()):
+            return handler(request, ctx)
+        d = coordination.forward(request, ctx)
+        if d is None:
+            return handler(request, ctx)
+        return d.addErrback(lambda f: f if f.check(CancelledError_()) else
+                            maybeDeferred(handler, request, ctx))
+
+    routed.__name__ = getattr(handler, "__name__", "routed")
+    return routed
+
+
+def CancelledError_() -> type:
+    from twisted.internet.defer import CancelledError
+
+    return CancelledError
+
+
+def coordinator_now(broker: Broker) -> GroupCoordinator:
+    """Load both coordinators from the store (classic first)."""
+    c = coordinator(broker)
+    cg = broker.extras.get("consumer_groups")
+    if cg is not None and not cg.loaded:
+        cg.load()
+    return c
 
 
 def coordinator(broker: Broker) -> GroupCoordinator:

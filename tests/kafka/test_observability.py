@@ -1,0 +1,35 @@
+"""/metrics tells the truth about requests, connections, storage and partition ends."""
+
+import re
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from conftest import http_get
+
+
+def metric(text, name, **labels):
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_metrics_cover_requests_latency_connections_store_and_log_end(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("obs", 2)])["obs"].result(15)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for i in range(10):
+        p.produce("obs", value=b"v" * 100, partition=i % 2)
+    assert p.flush(15) == 0
+    text = http_get(broker.http_port, "/metrics").decode()
+    assert metric(text, "kmqkafka_partition_log_end_offset", topic="obs", partition="0") == 5
+    assert metric(text, "kmqkafka_partition_log_end_offset", topic="obs", partition="1") == 5
+    assert metric(text, "kmqkafka_partition_log_start_offset", topic="obs", partition="0") == 0
+    assert metric(text, "kmqkafka_store_size_bytes", channel="kafka.obs~1") > 500
+    assert metric(text, "kmqkafka_kafka_requests_total", api="produce") >= 1
+    assert metric(text, "kmqkafka_kafka_request_latency_seconds_count", api="produce") >= 1
+    assert re.search(r"kmqkafka_kafka_connections(_open)?\S* [1-9]", text), "open connections gauge"
+    assert metric(text, "kmqkafka_kafka_topic_bytes_in_total", topic="obs") > 1000
