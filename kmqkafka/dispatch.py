@@ -199,6 +199,16 @@ class Dispatcher:
         reg = self._registry[api_key]
         self._registry[api_key] = dataclasses.replace(reg, handler=wrapper(reg.handler))
 
+    def wrap(self, api_key: int, wrapper: Callable[[Handler], Handler]) -> bool:
+        """Replace a registered handler by ``wrapper(handler)`` (same versions): the hook for
+        routing an area's API elsewhere, e.g. leader-only APIs in a cluster. False if the key
+        is not registered."""
+        reg = self._registry.get(api_key)
+        if reg is None:
+            return False
+        self._registry[api_key] = dataclasses.replace(reg, handler=wrapper(reg.handler))
+        return True
+
     def lookup(self, api_key: int) -> Registration | None:
         """The registration for ``api_key``, or ``None`` if the key is not served."""
         return self._registry.get(api_key)

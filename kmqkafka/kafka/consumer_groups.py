@@ -154,8 +154,18 @@ def describe(request: Any, ctx: RequestContext) -> Any:
 
 
 def register(dispatcher: Dispatcher) -> None:
-    dispatcher.register(CONSUMER_GROUP_HEARTBEAT, heartbeat, 0, 1)
-    dispatcher.register(CONSUMER_GROUP_DESCRIBE, describe, 0, 1)
+    dispatcher.register(CONSUMER_GROUP_HEARTBEAT, groups.coordinated(heartbeat), 0, 1)
+    dispatcher.register(CONSUMER_GROUP_DESCRIBE, groups.coordinated(describe, _describe_error),
+                        0, 1)
+
+
+def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    t = types_of(ctx)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
+        make(t.DescribedGroup, error_code=code, error_message=None, group_id=g,
+             group_state="", group_epoch=-1, assignment_epoch=-1, assignor_name="",
+             members=(), authorized_operations=_NO_OPERATIONS)
+        for g in request.group_ids))
 
 
 __all__ = ["coordinator", "install", "register"]

@@ -27,7 +27,7 @@ import datetime
 from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -43,6 +43,7 @@ from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
+CREATE_PARTITIONS = 37
 KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION = 0, 1
 _NO_OPERATIONS = -2147483648
 _CHECK_S = 0.1
@@ -65,6 +66,8 @@ def install(broker: Broker) -> GroupCoordinator:
 
     coordination = Coordination(broker)
     broker.extras["coordination"] = coordination
+    if coordination.clustered():
+        coordination.start()
 
     def ready() -> bool:
         if not coordination.serving():
@@ -258,8 +261,6 @@ def coordinated(handler: Callable[[Any, RequestContext], Any],
             return on_error(request, ctx, ErrorCode.coordinator_not_available)
 
         def unreachable(f: Failure) -> Any:
-            from twisted.internet.defer import CancelledError
-
             if f.check(CancelledError):
                 return f
             log.info("forwarding {api} to the leader failed: {error}", api=ctx.api_key,
@@ -287,17 +288,11 @@ def leader_routed(handler: Callable[[Any, RequestContext], Any]
         d = coordination.forward(request, ctx)
         if d is None:
             return handler(request, ctx)
-        return d.addErrback(lambda f: f if f.check(CancelledError_()) else
+        return d.addErrback(lambda f: f if f.check(CancelledError) else
                             maybeDeferred(handler, request, ctx))
 
     routed.__name__ = getattr(handler, "__name__", "routed")
     return routed
-
-
-def CancelledError_() -> type:
-    from twisted.internet.defer import CancelledError
-
-    return CancelledError
 
 
 def coordinator_now(broker: Broker) -> GroupCoordinator:
@@ -342,12 +337,16 @@ def _client_host(ctx: RequestContext) -> str:
 
 def find_coordinator(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
-    me = identity.node_id(ctx.broker)
-    host, port = identity.advertised(ctx.broker, ctx.listener)
     key_type = int(getattr(request, "key_type", 0))
+    # The Raft leader coordinates every group (this node on a lone broker).
+    leader = identity.leader(ctx.broker)
+    where = identity.endpoint(ctx.broker, leader, ctx.listener) if leader is not None else None
+    me, (host, port) = (leader, where) if where is not None else (-1, ("", -1))
 
     def answer(key: str) -> tuple[ErrorCode, str | None]:
         if key_type == KEY_TYPE_GROUP:
+            if where is None:
+                return ErrorCode.coordinator_not_available, "no raft leader is known"
             return ErrorCode.none, None
         if key_type == KEY_TYPE_TRANSACTION:
             return ErrorCode.coordinator_not_available, "transactions are not supported yet"
@@ -537,13 +536,31 @@ def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
 
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(FIND_COORDINATOR, find_coordinator, 0, 6)
-    dispatcher.register(JOIN_GROUP, join_group, 0, 9)
-    dispatcher.register(HEARTBEAT, heartbeat, 0, 4)
-    dispatcher.register(LEAVE_GROUP, leave_group, 0, 5)
-    dispatcher.register(SYNC_GROUP, sync_group, 0, 5)
-    dispatcher.register(DESCRIBE_GROUPS, describe_groups, 0, 6)
-    dispatcher.register(LIST_GROUPS, list_groups, 0, 5)
-    dispatcher.register(DELETE_GROUPS, delete_groups, 0, 2)
+    dispatcher.register(JOIN_GROUP, coordinated(join_group), 0, 9)
+    dispatcher.register(HEARTBEAT, coordinated(heartbeat), 0, 4)
+    dispatcher.register(LEAVE_GROUP, coordinated(leave_group), 0, 5)
+    dispatcher.register(SYNC_GROUP, coordinated(sync_group), 0, 5)
+    dispatcher.register(DESCRIBE_GROUPS, coordinated(describe_groups, _describe_error), 0, 6)
+    dispatcher.register(LIST_GROUPS, coordinated(list_groups), 0, 5)
+    dispatcher.register(DELETE_GROUPS, coordinated(delete_groups, _delete_error), 0, 2)
+    # Growing a topic rebalances the groups subscribed to it: that belongs on the coordinator.
+    dispatcher.wrap(CREATE_PARTITIONS, leader_routed)
 
 
-__all__ = ["coordinator", "install", "register"]
+def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    t = types_of(ctx)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
+        make(t.DescribedGroup, error_code=code, error_message=None, group_id=g,
+             group_state="", protocol_type="", protocol_data="", members=(),
+             authorized_operations=_NO_OPERATIONS)
+        for g in request.groups))
+
+
+def _delete_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    t = types_of(ctx)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, results=tuple(
+        make(t.DeletableGroupResult, group_id=g, error_code=code)
+        for g in dict.fromkeys(request.groups_names)))
+
+
+__all__ = ["Coordination", "coordinated", "coordinator", "install", "leader_routed", "register"]

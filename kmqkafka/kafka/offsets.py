@@ -27,7 +27,7 @@ from kmqkafka.coordinators.group import valid_group_id
 from kmqkafka.coordinators.offsets import MAX_METADATA_BYTES, CommittedOffset
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import RequestContext
-from kmqkafka.kafka.groups import coordinator
+from kmqkafka.kafka.groups import coordinated, coordinator, top_level_error
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
@@ -207,9 +207,36 @@ def offset_delete(request: Any, ctx: RequestContext) -> Deferred:
 
 
 def register(dispatcher: Dispatcher) -> None:
-    dispatcher.register(OFFSET_COMMIT, offset_commit, 2, 9)
-    dispatcher.register(OFFSET_FETCH, offset_fetch, 1, 9)
-    dispatcher.register(OFFSET_DELETE, offset_delete, 0, 0)
+    dispatcher.register(OFFSET_COMMIT, coordinated(offset_commit, _commit_error), 2, 9)
+    dispatcher.register(OFFSET_FETCH, coordinated(offset_fetch, _fetch_error), 1, 9)
+    dispatcher.register(OFFSET_DELETE, coordinated(offset_delete), 0, 0)
+
+
+# --- answers when this node does not coordinate (see ``groups.coordinated``) -------------
+
+
+def _commit_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    t = types_of(ctx)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(
+        make(t.OffsetCommitResponseTopic, name=topic.name, partitions=tuple(
+            make(t.OffsetCommitResponsePartition, partition_index=int(p.partition_index),
+                 error_code=code) for p in topic.partitions))
+        for topic in request.topics))
+
+
+def _fetch_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    t = types_of(ctx)
+    if ctx.api_version >= 8:
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
+            make(t.OffsetFetchResponseGroup, group_id=g.group_id, topics=(), error_code=code)
+            for g in request.groups))
+    if ctx.api_version >= 2:
+        return top_level_error(request, ctx, code)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code, topics=tuple(
+        make(t.OffsetFetchResponseTopic, name=tp.name, partitions=tuple(
+            make(t.OffsetFetchResponsePartition, partition_index=int(p), committed_offset=-1,
+                 metadata="", error_code=code) for p in tp.partition_indexes))
+        for tp in request.topics or ()))
 
 
 __all__ = ["register"]

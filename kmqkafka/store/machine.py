@@ -300,7 +300,38 @@ class StateMachine:
         first, last = ch.append(cmd.batch, cmd.now_ms)
         self._dirty.add(cmd.name)
         self._touched.add(cmd.name)
+        if self.replicated:
+            self._visible(ch, cmd.name)
         return AppendResult(first, last)
+
+    def _visible(self, ch: ChannelLog, name: str) -> None:
+        """Replicated mode: an applied command is durable already (its Raft entry is fsynced,
+        and committed by a quorum), so readers see it now, not at the segment fsync.
+
+        The segment fsync and checkpoint that follow only bound crash replay. ChannelLog keeps
+        its high watermark in ``_durable`` (advanced by ``complete_flush`` in local mode); it
+        only ever grows, and ``complete_flush`` keeps the larger value.
+        """
+        if ch._durable < ch.next_sequence:
+            ch._durable = ch.next_sequence
+            self._on_advance(name)
+
+    def apply_group(self, index: int, commands: list[c.Command]) -> list[Any]:
+        """Replicated mode: apply several independent commands carried by one Raft entry.
+
+        Each gets its own outcome (its result, a ``BatchFailure``, or the ``StoreError``
+        instance it raised); a failing command does not stop the others.
+        """
+        if index <= self.last_applied:
+            raise ValueError(f"command index {index} already applied")
+        self.last_applied = index
+        out: list[Any] = []
+        for command in commands:
+            try:
+                out.append(self._apply(command))
+            except StoreError as exc:
+                out.append(exc)
+        return out
 
     def _apply_TruncatePrefix(self, cmd: c.TruncatePrefix) -> int:
         start = self.channel(cmd.name).truncate_prefix(cmd.sequence)
