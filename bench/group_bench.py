@@ -88,6 +88,7 @@ class Member:
         self.assignment: set[int] = set()
         self.last_callback = 0.0
         self.callbacks = 0
+        self.events: list[tuple[float, str, int]] = []  # (perf_counter, "assign"/"revoke", n)
         self.errors: list[str] = []
         self.subscribed_at = 0.0
         self.stop = threading.Event()
@@ -97,6 +98,8 @@ class Member:
                      "auto.offset.reset": "latest", **QUIET, **extra,
                      "error_cb": lambda e: self.errors.append(str(e))}
         self.lifetime_s = lifetime_s
+        self._incr = (extra.get("group.protocol") == "consumer"
+                      or extra.get("partition.assignment.strategy") == "cooperative-sticky")
         self.consumer = Consumer(self.conf)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -108,6 +111,7 @@ class Member:
             else:
                 self.assignment = {p.partition for p in parts}
             self.last_callback, self.callbacks = now, self.callbacks + 1
+            self.events.append((now, "+", len(parts)))
 
     def _on_revoke(self, _c: Any, parts: list[TopicPartition]) -> None:
         now = time.perf_counter()
@@ -117,12 +121,13 @@ class Member:
             else:
                 self.assignment = set()
             self.last_callback, self.callbacks = now, self.callbacks + 1
+            self.events.append((now, "-", len(parts)))
 
     _on_lost = _on_revoke
 
     def _incremental(self) -> bool:
-        return self.consumer.rebalance_protocol() == "COOPERATIVE" or \
-            self.conf.get("group.protocol") == "consumer"
+        # cooperative-sticky and KIP-848 callbacks carry only the change; eager ones the lot.
+        return self._incr
 
     def start(self) -> None:
         self.thread.start()
@@ -247,6 +252,10 @@ def rebalance_mode(bootstrap: str, mode: str, partitions: int, repeats: int,
             out["subscribe_lag_ms"] = (new.subscribed_at - start) * 1000 if new.subscribed_at else None
             with lock:
                 out["callbacks"] = sum(m.callbacks for m in everyone)
+                # Timeline of this rebalance: "ms member +n/-n" (assigned/revoked n partitions).
+                out["timeline"] = [f"{(t - start) * 1000:.0f} {m.name} {k}{n}"
+                                   for m in everyone for t, k, n in m.events if t >= start]
+                out["timeline"].sort(key=lambda x: float(x.split()[0]))
             runs.append(out)
             log(f"    {mode} repeat {r + 1}: assigned {out.get('assigned_ms', '-')} ms, "
                 f"stable {out.get('stable_ms', '-')} ms, broker cpu {out['broker_cpu_pct']}%"

@@ -47,7 +47,7 @@ def _catalog(ctx: RequestContext) -> TopicCatalog:
 
 
 def describe_cluster(request: Any, ctx: RequestContext) -> Any:
-    """This broker, as broker and controller, with the cluster id."""
+    """Every node as a broker, the Raft leader as controller (-1 while unknown)."""
     t = types_of(ctx)
     endpoint_type = getattr(request, "endpoint_type", ENDPOINT_BROKERS)
     if endpoint_type != ENDPOINT_BROKERS:
@@ -57,15 +57,16 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
                                   "serves only broker endpoints.",
                     endpoint_type=endpoint_type, cluster_id=identity.cluster_id(ctx.broker),
                     controller_id=-1, brokers=(), cluster_authorized_operations=_NOT_REQUESTED)
-    me = identity.node_id(ctx.broker)
-    host, port = identity.advertised(ctx.broker, ctx.listener)
+    leader = identity.leader(ctx.broker)
     ops = CLUSTER_OPERATIONS if request.include_cluster_authorized_operations else _NOT_REQUESTED
     return make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         error_message=None, endpoint_type=ENDPOINT_BROKERS,
-        cluster_id=identity.cluster_id(ctx.broker), controller_id=me,
-        brokers=(make(t.DescribeClusterBroker, broker_id=me, host=host, port=port, rack=None,
-                      is_fenced=False),),
+        cluster_id=identity.cluster_id(ctx.broker),
+        controller_id=leader if leader is not None else -1,
+        brokers=tuple(make(t.DescribeClusterBroker, broker_id=node, host=host, port=port,
+                           rack=None, is_fenced=False)
+                      for node, host, port in identity.brokers(ctx.broker, ctx.listener)),
         cluster_authorized_operations=ops,
     )
 

@@ -31,6 +31,7 @@ from kmqkafka.kafka.errors import error_code_for
 from kmqkafka.kafka.fetch_sessions import FetchContext, SessionCache, Wanted
 from kmqkafka.kafka.topics import Topic, TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.net.chunks import RecordChain
 from kmqkafka.store.names import channel_for
 
 API_KEY = 1
@@ -251,7 +252,7 @@ class _Fetch:
                                               high_watermark=hw, log_start_offset=start,
                                               last_stable_offset=hw):
                 continue
-            records = _as_bytes(batches)
+            records = _records_value(batches)
             if nbytes:
                 topic = self._topic(key[0])
                 if topic is not None:
@@ -278,11 +279,12 @@ class _Fetch:
                     session_id=fctx.session_id, responses=responses)
 
 
-def _as_bytes(batches: list[memoryview]) -> bytes:
-    """The partition's batches as one ``bytes`` value, copying at most once.
+def _records_value(batches: list[memoryview]) -> bytes | memoryview | RecordChain:
+    """The partition's batches as kio's ``records`` value, uncopied.
 
-    Twisted transports accept only ``bytes``. A read that is exactly one pread buffer is
-    passed through as that buffer; anything else is joined once.
+    One batch is passed as its memoryview (or the pread ``bytes`` it spans exactly); several
+    as a ``RecordChain``. The connection joins the encoded response once on its way to the
+    transport (see ``KafkaProtocol._write``), so stored bytes are copied exactly once.
     """
     if not batches:
         return b""
@@ -291,8 +293,8 @@ def _as_bytes(batches: list[memoryview]) -> bytes:
         whole = view.obj
         if type(whole) is bytes and len(whole) == view.nbytes:
             return whole
-        return view.tobytes()
-    return b"".join(batches)
+        return view
+    return RecordChain(batches)
 
 
 class _OutOfRange(Exception):

@@ -13,10 +13,20 @@ _CLUSTER_ID_FILE = "cluster_id"
 
 
 def cluster_id(broker: Broker) -> str:
-    """A stable cluster id (Kafka's 22-char base64 UUID), created once in the data dir."""
+    """A stable cluster id (Kafka's 22-char base64 UUID), created once in the data dir.
+
+    In a cluster every node must report the same id (clients refuse to mix clusters): it is
+    derived from the Raft member list (ids and Raft addresses), the same on every node."""
     cached = broker.extras.get("cluster_id")
     if cached:
         return cached
+    ms = members(broker)
+    if len(ms) > 1:
+        text = ",".join(f"{m.node_id}={m.raft_host}:{m.raft_port}" for m in ms)
+        derived = uuid.uuid5(uuid.NAMESPACE_URL, "kmqkafka-cluster:" + text)
+        value = base64.urlsafe_b64encode(derived.bytes).decode().rstrip("=")
+        broker.extras["cluster_id"] = value
+        return value
     path = Path(broker.settings.data_dir) / _CLUSTER_ID_FILE
     if path.exists():
         value = path.read_text().strip()

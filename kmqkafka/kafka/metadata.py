@@ -3,8 +3,11 @@
 Topics are auto-created here when the client allows it and the broker's
 ``CONNECTORS_KAFKA_AUTO_CREATE_TOPICS`` is on; the response waits for the
 creation to be durable so the client sees a usable topic on its first try.
-Partition leader is this node (a one-member cluster); replicas and ISR are
-this node too.
+Brokers are every Raft member with its advertised Kafka endpoint (this node alone on a lone
+broker). The leader of every partition, and the controller, is the Raft leader, with the Raft
+term as leader epoch; replicas and ISR are all members. A node that knows no leader answers
+LEADER_NOT_AVAILABLE for each partition (leader -1) and controller -1. Topics and partition
+counts come from this node's applied state, so a follower may be behind but never ahead.
 """
 
 from __future__ import annotations
@@ -76,8 +79,11 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
 def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
              ctx: RequestContext) -> Any:
     t = types_of(ctx)
-    me = identity.node_id(ctx.broker)
-    host, port = identity.advertised(ctx.broker, ctx.listener)
+    brokers = identity.brokers(ctx.broker, ctx.listener)
+    leader = identity.leader(ctx.broker)
+    epoch = identity.term(ctx.broker)
+    replicas = tuple(node for node, _h, _p in brokers)
+    part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     out = []
     for name, topic, error in resolved:
         if topic is None:
@@ -86,9 +92,9 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
                             topic_id=_ZERO_UUID, is_internal=False, partitions=()))
             continue
         partitions = tuple(
-            make(t.MetadataResponsePartition, error_code=ErrorCode.none, partition_index=p,
-                 leader_id=me, leader_epoch=0, replica_nodes=(me,), isr_nodes=(me,),
-                 offline_replicas=())
+            make(t.MetadataResponsePartition, error_code=part_error, partition_index=p,
+                 leader_id=leader if leader is not None else -1, leader_epoch=epoch,
+                 replica_nodes=replicas, isr_nodes=replicas, offline_replicas=())
             for p in range(topic.partitions)
         )
         out.append(make(t.MetadataResponseTopic, error_code=ErrorCode.none, name=topic.name,
@@ -96,9 +102,10 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
     return make(
         ctx.response_type,
         throttle_time=NO_THROTTLE,
-        brokers=(make(t.MetadataResponseBroker, node_id=me, host=host, port=port, rack=None),),
+        brokers=tuple(make(t.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
+                      for node, host, port in brokers),
         cluster_id=identity.cluster_id(ctx.broker),
-        controller_id=me,
+        controller_id=leader if leader is not None else -1,
         topics=tuple(out),
         cluster_authorized_operations=-2147483648,
     )

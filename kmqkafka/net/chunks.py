@@ -1,11 +1,15 @@
 """Encoding responses as a list of chunks, so large values reach the socket uncopied.
 
 kio's writers call ``buffer.write`` field by field. ``ChunkWriter`` gathers
-small writes into one bytearray and keeps large ones as their own chunks; the
-protocol hands the list to ``transport.writeSequence``, which accepts only
-``bytes``. A Fetch response whose records are one ``bytes`` object (a single
-disk read) therefore reaches the transport without the two copies a BytesIO
-would make; other buffers are copied once.
+small writes into one bytearray and keeps large ones as their own pieces,
+uncopied. ``parts()`` returns those pieces as they were written (bytes,
+bytearray or memoryview; a ``RecordChain`` contributes its parts): the protocol
+joins every ready response into one ``bytes`` in a single copy and hands that
+to the transport (Twisted would otherwise join its buffer list again). A Fetch
+response whose records are several stored batches (memoryviews over pread
+buffers) is therefore copied exactly once on its way to the socket.
+``chunks()`` returns the same pieces converted to ``bytes`` (a ``bytes`` value
+passes through uncopied).
 """
 
 from __future__ import annotations
@@ -49,12 +53,12 @@ class RecordChain:
 
 
 class ChunkWriter:
-    """A write-only buffer that returns its contents as a list of chunks."""
+    """A write-only buffer that returns its contents as a list of pieces."""
 
-    __slots__ = ("_chunks", "_tail", "size")
+    __slots__ = ("_parts", "_tail", "size")
 
     def __init__(self) -> None:
-        self._chunks: list[Chunk] = []
+        self._parts: list[bytes | bytearray | memoryview] = []
         self._tail = bytearray()
         self.size = 0
 
@@ -62,11 +66,10 @@ class ChunkWriter:
         n = len(data)
         if isinstance(data, RecordChain):
             self._seal()
-            self._chunks.append(bytes(data))
+            self._parts.extend(data.parts)
         elif n >= _SMALL:
             self._seal()
-            # Twisted's writeSequence takes only bytes: a bytes value passes uncopied.
-            self._chunks.append(data if type(data) is bytes else bytes(data))
+            self._parts.append(data)  # kept as is: parts() users join it once
         else:
             self._tail += data
         self.size += n
@@ -74,12 +77,17 @@ class ChunkWriter:
 
     def _seal(self) -> None:
         if self._tail:
-            self._chunks.append(bytes(self._tail))
+            self._parts.append(self._tail)
             self._tail = bytearray()
 
-    def chunks(self) -> list[Chunk]:
+    def parts(self) -> list[bytes | bytearray | memoryview]:
+        """The pieces as written, uncopied; valid while the encoded values are unchanged."""
         self._seal()
-        return self._chunks
+        return self._parts
+
+    def chunks(self) -> list[Chunk]:
+        """The pieces as ``bytes`` (Twisted's writeSequence takes only bytes)."""
+        return [p if type(p) is bytes else bytes(p) for p in self.parts()]
 
     def getvalue(self) -> bytes:
-        return b"".join(self.chunks())
+        return b"".join(self.parts())

@@ -22,6 +22,13 @@ Log compaction: once the log holds ``compact_entries`` applied entries past the 
 (or the WAL passes ``compact_bytes``), the loop pauses, the application snapshots its state at
 the applied index (``app.take_snapshot(index) -> Deferred[bytes]``; the bytes are a reference,
 see ``RaftProposer``), the core and the storage drop the covered prefix, and the loop resumes.
+An application with ``compaction_point(applied) -> (index, data) | None`` instead names a state
+that is durable already (a one-member cluster: its applied-index checkpoint); the loop then
+only pauses for the storage's small COMPACT write.
+
+Optional application hooks: ``has_pending()`` / ``before_ready()`` let the application keep
+proposals in its own outbox and hand them to the core right before a Ready is cut (so many
+proposals become one entry); ``request_ready()`` tells the driver there is something.
 
 An ``InstallSnapshot`` from the leader carries only that reference: before stepping it into the
 core the driver asks the transport to fetch the snapshot's files into the local snapshot
@@ -111,6 +118,7 @@ class RaftDriver:
         self._idle: list[Deferred] = []
         self.failed: Failure | None = None
         self.ready_count = 0
+        self.compactions = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -201,15 +209,27 @@ class RaftDriver:
     def _kick(self) -> None:
         if self._scheduled or self._busy or self._stopped and not self._idle:
             return
-        if not self.node.has_ready():
+        if not self.node.has_ready() and not self._app_pending():
             return
         self._scheduled = True
         self._clock.callLater(0, self._process)
+
+    def request_ready(self) -> None:
+        """The application has proposals waiting (``app.before_ready`` hands them over right
+        before the next Ready is cut, so everything proposed while a save runs shares it)."""
+        self._kick()
+
+    def _app_pending(self) -> bool:
+        pending = getattr(self._app, "has_pending", None)
+        return bool(pending is not None and pending())
 
     def _process(self) -> None:
         self._scheduled = False
         if self._busy or self.failed is not None:
             return
+        before = getattr(self._app, "before_ready", None)
+        if before is not None and not self._stopped:
+            before()
         rd = self.node.ready()
         if rd is None:
             return
@@ -279,8 +299,29 @@ class RaftDriver:
             and getattr(self.storage, "wal_bytes", 0) < self._compact_bytes
         ):
             return False
+        if getattr(self._app, "compacts_to_checkpoint", False):
+            # The application names a state that is durable already (e.g. its applied-index
+            # checkpoint): compact to it without pausing the loop for a snapshot.
+            found = self._app.compaction_point(applied)
+            if found is None or found[0] <= node.snapshot_index:
+                return False
+            index, data = found
+            self._busy = True
+            snapshot = node.compact(index, data)
+            self.compactions += 1
+
+            def finished(result: object) -> None:
+                self._busy = False
+                if isinstance(result, Failure):
+                    self._fatal(result)  # the Raft log's files are in an unknown state
+                    return
+                self._after_turn()
+
+            self._run_io(self.storage.compact, snapshot).addBoth(finished)
+            return True
         self._busy = True
         log.info("compacting the raft log to {index}", index=applied)
+        self.compactions += 1
         d = self._app.take_snapshot(applied)
 
         def compact(data: bytes) -> Deferred:

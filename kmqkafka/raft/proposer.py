@@ -26,9 +26,11 @@ Reactor-thread only; the driver's ``run_io`` serializes Raft log writes on their
 """
 from __future__ import annotations
 
+import json
 import random
 import shutil
-from collections import OrderedDict
+import struct
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -75,21 +77,60 @@ def snapshot_ref(index: int) -> bytes:
 
 def _ref_index(data: bytes) -> int:
     prefix, _, index = data.partition(b":")
-    if prefix != b"kmq-snapshot":
+    if prefix not in (b"kmq-snapshot", b"kmq-checkpoint"):
         raise ValueError(f"not a snapshot reference: {data[:40]!r}")
     return int(index)
 
 
-class _Pending:
-    __slots__ = ("d", "data", "durable", "timer", "index", "term")
+def checkpoint_ref(index: int) -> bytes:
+    """A one-member cluster's snapshot: its applied-index checkpoint (no files)."""
+    return b"kmq-checkpoint:%d" % index
 
-    def __init__(self, d: Deferred, data: bytes, durable: bool) -> None:
+
+_GROUP = 0xF0           # entry data: u8 _GROUP, then (u32 length, encoded command) ...
+_GROUP_HEAD = bytes([_GROUP])
+_LEN = struct.Struct(">I")
+
+
+def _decode(data: memoryview) -> c.Command:
+    """``commands.decode`` without copying an Append's batch (a view into the entry)."""
+    if data[0] == c.Append.tag:
+        (head_len,) = _LEN.unpack_from(data, 1)
+        head = json.loads(bytes(data[5:5 + head_len]))
+        return c.Append(head["name"], head["now_ms"], data[5 + head_len:])
+    return c.decode(data)
+
+
+def _encode(command: c.Command) -> bytes:
+    """``commands.encode`` with one copy of an Append's batch (not three)."""
+    if type(command) is c.Append:
+        head = json.dumps({"name": command.name, "now_ms": command.now_ms},
+                          separators=(",", ":")).encode()
+        return b"".join((bytes((c.Append.tag,)), _LEN.pack(len(head)), head, command.batch))
+    return c.encode(command)
+
+
+def _split_group(data: memoryview) -> list[memoryview]:
+    out = []
+    pos, end = 1, len(data)
+    while pos < end:
+        (n,) = _LEN.unpack_from(data, pos)
+        out.append(data[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    return out
+
+
+class _Pending:
+    __slots__ = ("d", "data", "durable", "deadline", "index", "term", "slot")
+
+    def __init__(self, d: Deferred, data: bytes, durable: bool, deadline: float) -> None:
         self.d = d
         self.data = data
         self.durable = durable
-        self.timer: IDelayedCall | None = None
+        self.deadline = deadline
         self.index = 0
         self.term = 0
+        self.slot = -1  # position in a group entry, -1: the entry is this command alone
 
 
 class RaftProposer:
@@ -113,10 +154,18 @@ class RaftProposer:
         compact_entries: int = 10_000,
         compact_bytes: int = 256 << 20,
         storage: Any = None,
+        checkpoint_bytes: int = 64 << 20,
+        checkpoint_interval_s: float = 1.0,
+        group_max_bytes: int = 64 << 10,
     ) -> None:
         """``members`` (all voters, self included; None or {} = a cluster of one). ``run_io``
         runs store flushes and snapshots off the reactor; ``run_raft_io`` the Raft log writes
-        (default: ``run_io``). ``storage`` overrides the on-disk Raft log (tests)."""
+        (default: ``run_io``). ``storage`` overrides the on-disk Raft log (tests).
+
+        A checkpoint (segment fsync + applied-index record) runs once ``checkpoint_bytes``
+        of entries were applied since the last, or ``checkpoint_interval_s`` after an apply;
+        it only bounds crash replay. Commands smaller than ``group_max_bytes`` proposed
+        together share one Raft entry."""
         self.machine = machine
         self.node_id = node_id
         self.members = dict(members or {})
@@ -131,7 +180,17 @@ class RaftProposer:
         self._timeout = propose_timeout_s
         self._compact = (compact_entries, compact_bytes)
         self._storage_override = storage
-        self._commit = GroupCommit(machine, clock, run_io)
+        self._commit = GroupCommit(machine, clock, run_io, eager=False)
+        self._checkpoint_bytes = checkpoint_bytes
+        self._checkpoint_interval = checkpoint_interval_s
+        self._since_checkpoint = 0
+        self._checkpoint_timer: IDelayedCall | None = None
+        self._group_max = group_max_bytes
+        self._outbox: list[_Pending] = []               # leader: proposals for the next Ready
+        self._live: deque[_Pending] = deque()           # every proposal, by deadline
+        self._sweep_s = max(min(propose_timeout_s / 4, 0.5), 0.001)
+        self._sweeper: IDelayedCall | None = None
+        self.group_entries = 0
         self._waiting: dict[int, list[_Pending]] = {}   # index -> proposals placed there
         self._parked: list[_Pending] = []               # no leader (or forward failed)
         self._recent: OrderedDict[int, tuple[int, Any]] = OrderedDict()
@@ -184,9 +243,13 @@ class RaftProposer:
     def stop(self) -> Deferred:
         """Refuse new proposals, fail parked ones, let the driver finish, flush, close."""
         self._stopped = True
-        for p in self._parked:
+        for p in self._parked + self._outbox:
             self._fail(p, StoreStopped("the store is stopping"))
         self._parked = []
+        self._outbox = []
+        if self._checkpoint_timer is not None and self._checkpoint_timer.active():
+            self._checkpoint_timer.cancel()
+        self._checkpoint_timer = None
         d = self.driver.stop() if self.driver is not None else succeed(None)
 
         def rest(_: object) -> Deferred:
@@ -198,6 +261,12 @@ class RaftProposer:
                 for p in ps:
                     self._fail(p, StoreStopped("the store stopped before the command applied"))
             self._waiting = {}
+            for p in self._live:
+                self._fail(p, StoreStopped("the store stopped before the command applied"))
+            self._live.clear()
+            if self._sweeper is not None and self._sweeper.active():
+                self._sweeper.cancel()
+            self._sweeper = None
             if self.storage is not None and hasattr(self.storage, "close"):
                 self.storage.close()
 
@@ -234,10 +303,87 @@ class RaftProposer:
         if self.driver.failed is not None:
             return fail(StoreStopped("the raft log failed; this node takes no writes"))
         d: Deferred = Deferred()
-        p = _Pending(d, c.encode(command), durable)
-        p.timer = self._clock.callLater(self._timeout, self._expire, p)
-        self._submit(p)
+        p = _Pending(d, _encode(command), durable, self._clock.seconds() + self._timeout)
+        self._live.append(p)
+        if self._sweeper is None:
+            self._sweeper = self._clock.callLater(self._sweep_s, self._sweep)
+        if self.driver.is_leader() and not self._parked:
+            # Handed to the core right before the next Ready (``before_ready``): everything
+            # proposed meanwhile, e.g. while the previous Ready's fsync runs, shares it.
+            self._outbox.append(p)
+            self.driver.request_ready()
+        else:
+            self._submit(p)
         return d
+
+    def has_pending(self) -> bool:
+        """Driver hook: proposals wait in the outbox."""
+        return bool(self._outbox)
+
+    def before_ready(self) -> None:
+        """Driver hook, right before a Ready is cut: propose the outbox, in order; runs of
+        small commands become one group entry (one index, one apply, per-command results)."""
+        outbox, self._outbox = self._outbox, []
+        assert self.driver is not None
+        if not self.driver.is_leader():
+            for p in outbox:
+                self._submit(p)
+            return
+        run: list[_Pending] = []
+        for p in outbox:
+            if p.d.called:
+                continue
+            if len(p.data) >= self._group_max:
+                self._propose_run(run)
+                run = []
+                self._propose_one(p)
+            else:
+                run.append(p)
+        self._propose_run(run)
+
+    def _propose_one(self, p: _Pending) -> None:
+        assert self.driver is not None
+        node = self.driver.node
+        try:
+            index = node.propose(p.data)
+        except ProposalDropped:
+            self._parked.append(p)
+            return
+        self._place(p, index, node.term)
+
+    def _propose_run(self, run: list[_Pending]) -> None:
+        if len(run) <= 1:
+            for p in run:
+                self._propose_one(p)
+            return
+        assert self.driver is not None
+        node = self.driver.node
+        parts: list[bytes] = [_GROUP_HEAD]
+        for p in run:
+            parts.append(_LEN.pack(len(p.data)))
+            parts.append(p.data)
+        try:
+            index = node.propose(b"".join(parts))
+        except ProposalDropped:
+            self._parked.extend(run)
+            return
+        self.group_entries += 1
+        term = node.term
+        for slot, p in enumerate(run):
+            p.slot = slot
+            self._place(p, index, term)
+
+    def _sweep(self) -> None:
+        """Expire proposals past their deadline (one timer for all of them)."""
+        self._sweeper = None
+        now = self._clock.seconds()
+        live = self._live
+        while live and (live[0].d.called or live[0].deadline <= now):
+            p = live.popleft()
+            if not p.d.called:
+                self._expire(p)
+        if live and not self._stopped:
+            self._sweeper = self._clock.callLater(self._sweep_s, self._sweep)
 
     def _submit(self, p: _Pending) -> None:
         assert self.driver is not None
@@ -295,7 +441,6 @@ class RaftProposer:
             self._submit(p)
 
     def _expire(self, p: _Pending) -> None:
-        p.timer = None
         if p.d.called:
             return
         if p.index:
@@ -306,29 +451,26 @@ class RaftProposer:
             return
         if p in self._parked:
             self._parked.remove(p)
+        if p in self._outbox:
+            self._outbox.remove(p)
         leader = self.driver.leader if self.driver else None
         self._fail(p, NoLeaderError(f"no raft leader within {self._timeout}s "
                                     f"(leader hint: {leader})"))
 
     def _fail(self, p: _Pending, error: StoreError) -> None:
-        if p.timer is not None and p.timer.active():
-            p.timer.cancel()
-        p.timer = None
         if not p.d.called:
             p.d.errback(error)
 
     def _resolve(self, p: _Pending, outcome: Any) -> None:
-        if p.timer is not None and p.timer.active():
-            p.timer.cancel()
-        p.timer = None
+        """Fire at apply time, ``durable`` or not: the entry is fsynced in the Raft log (and
+        on a cluster committed by a quorum) before it is applied, and a crash replays it
+        from there (see ``store/checkpoint.py``); the segment fsync is background work."""
         if p.d.called:
             return
         if isinstance(outcome, Failure):
             p.d.errback(outcome)
         elif isinstance(outcome, BatchFailure):
             p.d.errback(outcome.error)
-        elif p.durable:
-            self._commit.add(p.d, outcome)
         else:
             p.d.callback(outcome)
 
@@ -371,9 +513,25 @@ class RaftProposer:
         if index <= self._skip_to:
             return  # already in the machine's files (checkpoint) or restored snapshot
         outcome: Any
-        if entry.kind is EntryKind.NORMAL:
+        group: list[Any] | None = None
+        data = memoryview(entry.data)
+        if entry.kind is EntryKind.NORMAL and len(data) and data[0] == _GROUP:
+            outcome = None
             try:
-                outcome = self.machine.apply(index, c.decode(entry.data))
+                group = self.machine.apply_group(index, [_decode(x) for x in _split_group(data)])
+            except Exception:  # a bug must not stop replication
+                log.failure("applying group entry {index} failed", index=index)
+                group = []
+                self.machine.last_applied = max(self.machine.last_applied, index)
+            for i, res in enumerate(group):
+                if isinstance(res, BaseException):
+                    if not isinstance(res, StoreError):
+                        log.error("applying command {i} of entry {index} failed: {e!r}",
+                                  i=i, index=index, e=res)
+                    group[i] = Failure(res)
+        elif entry.kind is EntryKind.NORMAL:
+            try:
+                outcome = self.machine.apply(index, _decode(data))
             except StoreError:
                 outcome = Failure()
             except Exception:  # a bug in one command must not stop replication
@@ -384,7 +542,7 @@ class RaftProposer:
             # No-ops and membership changes move the applied index too (checkpoints use it).
             self.machine.last_applied = max(self.machine.last_applied, index)
             outcome = None
-        self._commit.schedule()
+        self._after_apply(len(data))
         waiting = self._waiting.pop(index, None)
         if self._forwarding:
             self._recent[index] = (entry.term, outcome)
@@ -392,12 +550,56 @@ class RaftProposer:
                 self._recent.popitem(last=False)
         if waiting:
             for p in waiting:
-                if p.term == entry.term:
-                    self._resolve(p, outcome)
-                else:
+                if p.term != entry.term:
                     self._fail(p, ProposalLost(f"entry {index} was replaced by a new leader"))
+                elif p.slot < 0:
+                    self._resolve(p, outcome)
+                elif group is not None and p.slot < len(group):
+                    self._resolve(p, group[p.slot])
+                else:
+                    self._fail(p, ProposalLost(f"entry {index} does not hold the command"))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _after_apply(self, nbytes: int) -> None:
+        """Checkpoint (segment fsync + applied-index record) after enough bytes or a while:
+        only crash replay depends on it, so it stays off the acknowledgement path."""
+        self._since_checkpoint += nbytes
+        if self._since_checkpoint >= self._checkpoint_bytes:
+            self._checkpoint_now()
+        elif self._checkpoint_timer is None and not self._stopped:
+            self._checkpoint_timer = self._clock.callLater(self._checkpoint_interval,
+                                                           self._checkpoint_now)
+
+    def _checkpoint_now(self) -> None:
+        if self._checkpoint_timer is not None and self._checkpoint_timer.active():
+            self._checkpoint_timer.cancel()
+        self._checkpoint_timer = None
+        self._since_checkpoint = 0
+        if not self._stopped:  # stop() drains the group commit itself
+            self._commit.schedule()
+
+    @property
+    def compacts_to_checkpoint(self) -> bool:
+        """Driver hook: a one-member cluster compacts its Raft log to its applied-index
+        checkpoint (the segments are the state; no follower ever needs a snapshot tree)."""
+        return len(self.members) <= 1
+
+    def compaction_point(self, applied: int) -> tuple[int, bytes] | None:
+        """Driver hook: the newest durable checkpoint (<= ``applied``), or None (and a
+        checkpoint is started) when it covers nothing new."""
+        assert self.driver is not None
+        journal = self.machine.journal
+        durable = min(journal.durable_applied if journal is not None else 0, applied)
+        if durable <= self.driver.node.snapshot_index:
+            if not self._commit.busy:
+                self._checkpoint_now()
+            return None
+        return durable, checkpoint_ref(durable)
 
     def has_snapshot(self, snapshot: Snapshot) -> bool:
+        if snapshot.data.startswith(b"kmq-checkpoint:"):
+            return False  # a one-member cluster's checkpoint: no files to install
         return self.snapshot_path(_ref_index(snapshot.data)) is not None
 
     def restore(self, snapshot: Snapshot) -> None:

@@ -329,7 +329,7 @@ class StateMachine:
         for command in commands:
             try:
                 out.append(self._apply(command))
-            except StoreError as exc:
+            except Exception as exc:  # StoreError, InvalidBatch, or a bug: the caller reports
                 out.append(exc)
         return out
 

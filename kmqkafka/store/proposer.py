@@ -36,10 +36,14 @@ class GroupCommit:
     the running one). Flushes never overlap. Used by ``LocalProposer`` and the Raft proposer.
     """
 
-    def __init__(self, machine: StateMachine, clock: IReactorTime, run_io: IORunner) -> None:
+    def __init__(self, machine: StateMachine, clock: IReactorTime, run_io: IORunner, *,
+                 eager: bool = True) -> None:
+        """``eager=False`` (Raft: flushes only bound crash replay) flushes only when asked
+        (``schedule``/``drain``/``add``), never again on its own after a flush."""
         self._machine = machine
         self._clock = clock
         self._run_io = run_io
+        self._eager = eager
         self._waiting: list[tuple[Deferred, Any]] = []
         self._flushing = False
         self._scheduled = False
@@ -50,6 +54,11 @@ class GroupCommit:
     def add(self, d: Deferred, result: Any) -> None:
         self._waiting.append((d, result))
         self.schedule()
+
+    @property
+    def busy(self) -> bool:
+        """A flush is running or scheduled."""
+        return self._flushing or self._scheduled
 
     def schedule(self) -> None:
         if self._flushing or self._scheduled:
@@ -75,7 +84,7 @@ class GroupCommit:
         self._flushing = False
         self._machine.complete_flush(tokens)
         self._release(waiting)
-        if self._waiting or self._machine.has_unflushed():
+        if self._waiting or (self._machine.has_unflushed() and (self._eager or self._idle)):
             self.schedule()
         elif not self._scheduled:
             self._notify_idle()

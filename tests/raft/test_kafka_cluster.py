@@ -1,0 +1,394 @@
+"""Kafka on a real 3-process cluster (127.0.0.1): metadata lists every node with the Raft leader
+as partition leader and controller; produce, admin and group calls reaching a follower are
+answered correctly (the store forwards commands, group/offset requests are relayed to the leader,
+which coordinates every group); a consumer group survives a kill -9 of the leader; after the old
+leader restarts every node serves the same records at the same offsets.
+
+One cluster for the module: the tests run in file order and the last one kills the leader.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib
+import io
+import struct
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from tests.conftest import _wait_healthy, free_port, start_broker
+from tests.raft.test_cluster import wait_leader
+from tests.rawkafka import RawClient
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+kafka = pytest.importorskip("kafka")
+
+from kio.schema.consumer_protocol_subscription.v1.data import (  # noqa: E402
+    ConsumerProtocolSubscription,
+)
+from kio.schema.errors import ErrorCode as E  # noqa: E402
+from kio.serial import entity_writer  # noqa: E402
+
+from kmqkafka import records  # noqa: E402
+
+IDS = (1, 2, 3)
+
+
+def req(api: str, version: int, name: str) -> Any:
+    return getattr(importlib.import_module(f"kio.schema.{api}.v{version}.request"), name)
+
+
+def ms(n: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=n)
+
+
+class Cluster:
+    def __init__(self, tmp_path: Any) -> None:
+        self.raft_ports = {i: free_port() for i in IDS}
+        self.kafka_ports = {i: free_port() for i in IDS}
+        peers = ",".join(f"{i}=127.0.0.1:{self.raft_ports[i]}/127.0.0.1:{self.kafka_ports[i]}"
+                         for i in IDS)
+        self.brokers: dict[int, Any] = {}
+        for i in IDS:
+            d = tmp_path / f"n{i}"
+            d.mkdir()
+            self.brokers[i] = start_broker(d, env={
+                "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
+                "CONNECTORS_KAFKA_PORT": str(self.kafka_ports[i]),
+                "KMQKAFKA_RAFT_TICK_MS": "50"}, wait=False)
+        for b in self.brokers.values():
+            _wait_healthy(b, 30)
+
+    def live(self) -> dict[int, Any]:
+        return {i: b for i, b in self.brokers.items() if b.proc.poll() is None}
+
+    def leader(self, not_: int | None = None) -> int:
+        return wait_leader(self.live(), not_=not_)
+
+    def follower(self, not_: int | None = None) -> int:
+        leader = self.leader(not_=not_)
+        return next(i for i in self.live() if i != leader)
+
+    def bootstrap(self, *nodes: int) -> str:
+        return ",".join(self.brokers[i].bootstrap for i in nodes)
+
+    def all(self) -> str:
+        return self.bootstrap(*self.live())
+
+    def stop(self) -> None:
+        for b in self.brokers.values():
+            if b.proc.poll() is None:
+                b.kill()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("kafka-cluster"))
+    try:
+        c.leader()
+        yield c
+    finally:
+        c.stop()
+
+
+def metadata(port: int, topics: tuple[str, ...] | None = None) -> Any:
+    Req = req("metadata", 12, "MetadataRequest")
+    T = req("metadata", 12, "MetadataRequestTopic")
+    with RawClient(port) as raw:
+        return raw.call(Req(
+            topics=None if topics is None else tuple(T(name=t, topic_id=None) for t in topics),
+            allow_auto_topic_creation=True, include_topic_authorized_operations=False))
+
+
+def wait_for(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except Exception as exc:  # noqa: BLE001 - retried until the deadline
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not reached within {timeout}s: {last!r}")
+
+
+def produce_confluent(bootstrap: str, topic: str, values: list[bytes],
+                      partition: int = 0) -> list[int]:
+    p = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                                  "enable.idempotence": False, "linger.ms": 5,
+                                  "message.timeout.ms": 30000})
+    got: dict[bytes, int] = {}
+    errors: list = []
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            got[msg.value()] = msg.offset()
+
+    for v in values:
+        p.produce(topic, v, partition=partition, on_delivery=report)
+    assert p.flush(40) == 0
+    assert not errors, errors
+    return [got[v] for v in values]
+
+
+def fetch_all(port: int, topic: str, upto: int) -> list[tuple[int, bytes]]:
+    """Fetch partition 0 from one node directly (raw Fetch v11), offsets 0..upto-1."""
+    Req = req("fetch", 11, "FetchRequest")
+    T = req("fetch", 11, "FetchTopic")
+    P = req("fetch", 11, "FetchPartition")
+    out: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 20
+    with RawClient(port) as raw:
+        while len(out) < upto and time.monotonic() < deadline:
+            r = raw.call(Req(replica_id=-1, max_wait=ms(200), min_bytes=1, max_bytes=1 << 20,
+                             isolation_level=0, session_id=0, session_epoch=-1,
+                             topics=(T(topic=topic, partitions=(P(
+                                 partition=0, current_leader_epoch=-1, fetch_offset=len(out),
+                                 log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+                             forgotten_topics_data=(), rack_id=""))
+            part = r.responses[0].partitions[0]
+            assert part.error_code == E.none, part
+            data = bytes(part.records or b"")
+            for pos, _header in (records.split_batches(data) if data else ()):
+                for rec in records.iter_records(data, pos):
+                    if rec.offset == len(out):
+                        out.append((rec.offset, rec.value))
+    return out
+
+
+# --- metadata ---------------------------------------------------------------------------
+
+
+def test_metadata_from_every_node_lists_three_brokers_and_the_same_leader(cluster: Cluster):
+    leader = cluster.leader()
+    wanted = {(i, "127.0.0.1", cluster.kafka_ports[i]) for i in IDS}
+    produce_confluent(cluster.all(), "meta", [b"x"])
+    for i in IDS:
+        def same() -> Any:
+            r = metadata(cluster.kafka_ports[i], ("meta",))
+            assert {(b.node_id, b.host, b.port) for b in r.brokers} == wanted
+            assert r.controller_id == leader
+            part = r.topics[0].partitions[0]
+            assert part.error_code == E.none and part.leader_id == leader
+            assert part.leader_epoch >= 1
+            assert sorted(part.replica_nodes) == list(IDS)
+            return True
+        wait_for(same, what=f"metadata of node {i}")
+
+        Dc = req("describe_cluster", 0, "DescribeClusterRequest")
+        with RawClient(cluster.kafka_ports[i]) as raw:
+            r = raw.call(Dc(include_cluster_authorized_operations=False))
+        assert r.controller_id == leader
+        assert {(b.broker_id, b.host, b.port) for b in r.brokers} == wanted
+
+
+# --- produce / admin through a follower ------------------------------------------------
+
+
+def test_produce_through_a_follower_bootstrap_and_consume_in_order(cluster: Cluster):
+    follower = cluster.follower()
+    values = [b"f-%d" % i for i in range(200)]
+    assert produce_confluent(cluster.bootstrap(follower), "viaf", values) == list(range(200))
+
+    c = kafka.KafkaConsumer(bootstrap_servers=cluster.all(), auto_offset_reset="earliest",
+                            enable_auto_commit=False, consumer_timeout_ms=15000)
+    c.assign([kafka.TopicPartition("viaf", 0)])
+    got = []
+    try:
+        for m in c:
+            got.append((m.offset, m.value))
+            if len(got) == len(values):
+                break
+    finally:
+        c.close()
+    assert got == list(enumerate(values))
+
+
+def test_raw_produce_and_admin_sent_straight_to_a_follower(cluster: Cluster):
+    """A client with stale metadata: the follower's store forwards the commands."""
+    follower = cluster.follower()
+    port = cluster.kafka_ports[follower]
+    Ct = req("create_topics", 5, "CreateTopicsRequest")
+    Ctt = req("create_topics", 5, "CreatableTopic")
+    Cp = req("create_partitions", 1, "CreatePartitionsRequest")
+    Cpt = req("create_partitions", 1, "CreatePartitionsTopic")
+    with RawClient(port) as raw:
+        r = raw.call(Ct(topics=(Ctt(name="adm", num_partitions=2, replication_factor=1,
+                                    assignments=(), configs=()),),
+                        timeout=ms(10000), validate_only=False))
+        assert r.topics[0].error_code == E.none, r
+        r = raw.call(Cp(topics=(Cpt(name="adm", count=3, assignments=None),),
+                        timeout=ms(10000), validate_only=False))
+        assert r.results[0].error_code == E.none, r
+        r = raw.call(Cp(topics=(Cpt(name="adm", count=3, assignments=None),),
+                        timeout=ms(10000), validate_only=False))
+        assert r.results[0].error_code == E.invalid_partitions
+        assert r.results[0].error_message == "topic already has 3 partition(s)"
+
+    # Every node reports 3 partitions once applied (never more than the truth).
+    for i in IDS:
+        wait_for(lambda: len(metadata(cluster.kafka_ports[i], ("adm",)).topics[0].partitions)
+                 == 3, what=f"node {i} sees 3 partitions")
+
+    # Produce v9 sent to the follower directly.
+    batch = _batch([b"a", b"b", b"c"])
+    Pr = req("produce", 9, "ProduceRequest")
+    Td = req("produce", 9, "TopicProduceData")
+    Pd = req("produce", 9, "PartitionProduceData")
+    with RawClient(port) as raw:
+        r = raw.call(Pr(transactional_id=None, acks=-1, timeout=ms(10000), topic_data=(
+            Td(name="adm", partition_data=(Pd(index=2, records=batch),)),)))
+    part = r.responses[0].partition_responses[0]
+    assert part.error_code == E.none and part.base_offset == 0, part
+
+    # InitProducerId through the follower.
+    Ip = req("init_producer_id", 4, "InitProducerIdRequest")
+    with RawClient(port) as raw:
+        r = raw.call(Ip(transactional_id=None, transaction_timeout=ms(60000),
+                        producer_id=-1, producer_epoch=-1))
+    assert r.error_code == E.none and r.producer_id >= 0
+
+
+def _batch(values: list[bytes]) -> bytes:
+    """A record batch as a client would build it (via the broker's own encoder)."""
+    p = kafka.KafkaProducer  # noqa: F841 - kafka-python imported for its record builder
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=1 << 20)
+    for i, v in enumerate(values):
+        b.append(i, timestamp=int(time.time() * 1000), key=None, value=v, headers=[])
+    return bytes(b.build())
+
+
+# --- group requests relayed from a follower --------------------------------------------
+
+
+def subscription(*topics: str) -> bytes:
+    buf = io.BytesIO()
+    entity_writer(ConsumerProtocolSubscription)(
+        buf, ConsumerProtocolSubscription(topics=topics, user_data=None, owned_partitions=()))
+    return struct.pack(">h", 1) + buf.getvalue()
+
+
+def test_group_calls_to_a_follower_are_relayed_to_the_leader(cluster: Cluster):
+    leader = cluster.leader()
+    follower = cluster.follower()
+    Fc = req("find_coordinator", 4, "FindCoordinatorRequest")
+    with RawClient(cluster.kafka_ports[follower]) as raw:
+        r = raw.call(Fc(key_type=0, coordinator_keys=("rg",)))
+    assert r.coordinators[0].error_code == E.none
+    assert (r.coordinators[0].node_id, r.coordinators[0].port) == (
+        leader, cluster.kafka_ports[leader])
+
+    Jg = req("join_group", 5, "JoinGroupRequest")
+    Jp = req("join_group", 5, "JoinGroupRequestProtocol")
+    Sg = req("sync_group", 3, "SyncGroupRequest")
+    Sa = req("sync_group", 3, "SyncGroupRequestAssignment")
+    Oc = req("offset_commit", 7, "OffsetCommitRequest")
+    Oct = req("offset_commit", 7, "OffsetCommitRequestTopic")
+    Ocp = req("offset_commit", 7, "OffsetCommitRequestPartition")
+    Of = req("offset_fetch", 7, "OffsetFetchRequest")
+    Oft = req("offset_fetch", 7, "OffsetFetchRequestTopic")
+    Dg = req("describe_groups", 5, "DescribeGroupsRequest")
+
+    def join(raw: RawClient, member_id: str) -> Any:
+        return raw.call(Jg(group_id="rg", session_timeout=ms(10000),
+                           rebalance_timeout=ms(10000), member_id=member_id,
+                           group_instance_id=None, protocol_type="consumer",
+                           protocols=(Jp(name="range", metadata=subscription("viaf")),)))
+
+    with RawClient(cluster.kafka_ports[follower], timeout=20) as raw:
+        first = join(raw, "")  # v4+: MEMBER_ID_REQUIRED with an id, answered via the leader
+        assert first.error_code == E.member_id_required and first.member_id
+        joined = join(raw, first.member_id)  # parked on the leader until the join completes
+        assert joined.error_code == E.none and joined.leader == first.member_id
+        synced = raw.call(Sg(group_id="rg", generation_id=joined.generation_id,
+                             member_id=first.member_id, group_instance_id=None,
+                             assignments=(Sa(member_id=first.member_id, assignment=b"A"),)))
+        assert synced.error_code == E.none and synced.assignment == b"A"
+        r = raw.call(Oc(group_id="rg", generation_id_or_member_epoch=joined.generation_id,
+                        member_id=first.member_id, group_instance_id=None, topics=(
+                            Oct(name="viaf", partitions=(Ocp(
+                                partition_index=0, committed_offset=42,
+                                committed_leader_epoch=-1, committed_metadata=""),)),)))
+        assert r.topics[0].partitions[0].error_code == E.none
+    for i in IDS:  # OffsetFetch and DescribeGroups from every node see the leader's state
+        with RawClient(cluster.kafka_ports[i]) as raw:
+            r = raw.call(Of(group_id="rg", topics=(Oft(name="viaf", partition_indexes=(0,)),),
+                            require_stable=False))
+            assert r.error_code == E.none
+            assert r.topics[0].partitions[0].committed_offset == 42, f"node {i}"
+            d = raw.call(Dg(groups=("rg",), include_authorized_operations=False))
+            assert d.groups[0].group_state == "Stable", f"node {i}"
+            assert [m.member_id for m in d.groups[0].members] == [first.member_id]
+
+
+# --- consumer group across a leader failover, then every node agrees -------------------
+
+
+def test_group_resumes_from_committed_offsets_after_the_leader_is_killed(cluster: Cluster):
+    topic, group = "fo", "fo-group"
+    old_leader = cluster.leader()
+    follower = cluster.follower()  # survives the kill
+    values = [b"fo-%d" % i for i in range(100)]
+    assert produce_confluent(cluster.bootstrap(follower), topic, values) == list(range(100))
+
+    c = confluent_kafka.Consumer({
+        "bootstrap.servers": cluster.bootstrap(follower), "group.id": group,
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "session.timeout.ms": 10000})
+    c.subscribe([topic])
+    seen: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < 60 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                seen.append((m.offset(), m.value()))
+        assert len(seen) >= 60, seen[-3:]
+        seen = seen[:60]
+        c.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, 60)], asynchronous=False)
+    finally:
+        c.close()
+    assert seen == list(enumerate(values[:60]))
+
+    cluster.brokers[old_leader].kill()
+    t0 = time.monotonic()
+    new_leader = cluster.leader(not_=old_leader)
+    assert time.monotonic() - t0 < 15
+    more = [b"fo-%d" % i for i in range(100, 130)]
+    assert produce_confluent(cluster.bootstrap(follower), topic, more) == list(range(100, 130))
+    values += more
+
+    # A kafka-python consumer of the same group, bootstrapped via the surviving follower.
+    k = kafka.KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap(follower),
+                            group_id=group, enable_auto_commit=False,
+                            auto_offset_reset="earliest", consumer_timeout_ms=20000,
+                            session_timeout_ms=10000, heartbeat_interval_ms=1000)
+    resumed: list[tuple[int, bytes]] = []
+    try:
+        for m in k:
+            resumed.append((m.offset, m.value))
+            if len(resumed) == 70:
+                break
+        k.commit()
+        committed = k.committed(kafka.TopicPartition(topic, 0))
+    finally:
+        k.close()
+    assert resumed == [(o, values[o]) for o in range(60, 130)]  # nothing skipped or repeated
+    assert committed == 130
+
+    cluster.brokers[old_leader].restart()
+    assert new_leader != old_leader
+    for i in IDS:
+        assert fetch_all(cluster.kafka_ports[i], topic, 130) == list(enumerate(values)), i
+    for i in IDS:  # the restarted node agrees on metadata too
+        wait_for(lambda: metadata(cluster.kafka_ports[i], (topic,)).topics[0].partitions[0]
+                 .leader_id == new_leader, what=f"node {i} names leader {new_leader}")
