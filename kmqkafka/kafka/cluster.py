@@ -1,7 +1,8 @@
 """Cluster views: DescribeCluster (60), DescribeTopicPartitions (75), DescribeLogDirs (35).
 
-This node is the whole cluster: the only broker, the controller, the leader and only
-replica of every partition. There is no authorizer yet, so authorized-operation
+Every Raft member is a broker and a replica of every partition; the Raft leader is the
+controller and the leader of every partition (a lone node is all of these; no known leader:
+controller -1, partitions LEADER_NOT_AVAILABLE). There is no authorizer yet, so authorized-operation
 bitfields, when asked for, list every operation Kafka defines for the resource.
 """
 
@@ -98,7 +99,8 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
         if names and names[0] == cursor.topic_name:
             start_index = cursor.partition_index
     budget = max(1, min(request.response_partition_limit, MAX_PARTITION_LIMIT))
-    me = identity.node_id(ctx.broker)
+    leader = identity.leader(ctx.broker)
+    replicas = tuple(node for node, _h, _p in identity.brokers(ctx.broker, ctx.listener))
     out = []
     next_cursor = None
     for i, name in enumerate(names):
@@ -114,7 +116,7 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
             next_cursor = make(t.Cursor, topic_name=name, partition_index=first)
             break
         last = min(topic.partitions, first + budget)
-        out.append(_topic_entry(t, topic, range(first, last), me))
+        out.append(_topic_entry(t, topic, range(first, last), leader, replicas))
         budget -= last - first
         if last < topic.partitions:
             next_cursor = make(t.Cursor, topic_name=name, partition_index=last)
@@ -123,11 +125,14 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
                 next_cursor=next_cursor)
 
 
-def _topic_entry(t: Any, topic: Topic, indexes: range, me: int) -> Any:
+def _topic_entry(t: Any, topic: Topic, indexes: range, leader: int | None,
+                 replicas: tuple[int, ...]) -> Any:
+    code = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     partitions = tuple(
-        make(t.DescribeTopicPartitionsResponsePartition, error_code=ErrorCode.none,
-             partition_index=p, leader_id=me, leader_epoch=0, replica_nodes=(me,),
-             isr_nodes=(me,), eligible_leader_replicas=(), last_known_elr=(),
+        make(t.DescribeTopicPartitionsResponsePartition, error_code=code,
+             partition_index=p, leader_id=leader if leader is not None else -1, leader_epoch=0,
+             replica_nodes=replicas, isr_nodes=replicas, eligible_leader_replicas=(),
+             last_known_elr=(),
              offline_replicas=())
         for p in indexes
     )

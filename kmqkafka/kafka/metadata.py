@@ -81,7 +81,7 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
     t = types_of(ctx)
     brokers = identity.brokers(ctx.broker, ctx.listener)
     leader = identity.leader(ctx.broker)
-    epoch = identity.term(ctx.broker)
+    epoch = 0  # see the module docstring
     replicas = tuple(node for node, _h, _p in brokers)
     part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     out = []
