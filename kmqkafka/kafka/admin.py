@@ -89,13 +89,20 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
                                f"Create topics request from client `{ctx.client_id}` contains "
                                f"multiple entries for the following topics: {t.name}"))
         else:
-            work.append(_outcome(lambda t=t: _create_one(topics, t, me, request.validate_only)))
+            work.append(_outcome(lambda t=t: _create_one(topics, t, me, request.validate_only,
+                                                         _broker_count(ctx))))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _create_response(ctx, names, outcomes,
                                                            request.validate_only))
 
 
-def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool) -> Deferred:
+def _broker_count(ctx: RequestContext) -> int:
+    """Every partition is replicated to every Raft member, so that is the replication factor."""
+    return max(1, len(identity.members(ctx.broker)))
+
+
+def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool,
+                brokers: int = 1) -> Deferred:
     validate_topic_name(t.name)
     if topics.get(t.name) is not None:
         raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{t.name}' already exists.")
@@ -111,11 +118,11 @@ def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool) -> D
         raise KafkaError(ErrorCode.invalid_replication_factor,
                          "Replication factor must be larger than 0, or -1 to use the default "
                          "value.")
-    elif t.replication_factor > 1:
+    elif t.replication_factor > brokers:
         raise KafkaError(ErrorCode.invalid_replication_factor,
                          f"Unable to replicate the partition {t.replication_factor} time(s): "
                          f"The target replication factor of {t.replication_factor} cannot be "
-                         "reached because only 1 broker(s) are registered.")
+                         f"reached because only {brokers} broker(s) are registered.")
     nulls = [c.name for c in t.configs if c.value is None]
     if nulls:
         raise KafkaError(ErrorCode.invalid_config,
@@ -165,7 +172,7 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
             t.CreatableTopicResult, name=name,
             topic_id=_ZERO_UUID if validate_only else topic.topic_id,
             error_code=ErrorCode.none, error_message=None, num_partitions=topic.partitions,
-            replication_factor=1, configs=configs))
+            replication_factor=_broker_count(ctx), configs=configs))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
 
 
