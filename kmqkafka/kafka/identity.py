@@ -16,13 +16,15 @@ def cluster_id(broker: Broker) -> str:
     """A stable cluster id (Kafka's 22-char base64 UUID), created once in the data dir.
 
     In a cluster every node must report the same id (clients refuse to mix clusters): it is
-    derived from the Raft member list (ids and Raft addresses), the same on every node."""
+    derived from the member ids and their Kafka endpoints, which every node lists alike (Raft
+    addresses may differ per node, e.g. behind proxies or NAT)."""
     cached = broker.extras.get("cluster_id")
     if cached:
         return cached
     ms = members(broker)
     if len(ms) > 1:
-        text = ",".join(f"{m.node_id}={m.raft_host}:{m.raft_port}" for m in ms)
+        text = ",".join(f"{m.node_id}={m.kafka_host}:{m.kafka_port}"
+                        for m in sorted(ms, key=lambda m: m.node_id))
         derived = uuid.uuid5(uuid.NAMESPACE_URL, "kmqkafka-cluster:" + text)
         value = base64.urlsafe_b64encode(derived.bytes).decode().rstrip("=")
         broker.extras["cluster_id"] = value

@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from kmqkafka.kafka.errors import KafkaError
 from kmqkafka.store import commands as c
 from kmqkafka.store.config import LogConfig
+from kmqkafka.store.errors import KeyConflict
 from kmqkafka.store.names import channel_for
 
 _log = Logger()
@@ -291,10 +292,15 @@ class TopicCatalog:
         topic = Topic(name, uuid.uuid4(), partitions, explicit)
         if validate_only:
             return _done(topic)
-        cmds = [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
-                for p in range(partitions)]
-        cmds.append(self._put(topic))
-        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: topic)
+        # The catalog entry goes first with "must be absent": if another node created the
+        # topic meanwhile, nothing of this request is applied.
+        cmds: list[c.Command] = [self._put(topic, expect=None)]
+        cmds += [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
+                 for p in range(partitions)]
+        d = self._store.propose(c.Batch(tuple(cmds)))
+        d.addErrback(_conflict_as, KafkaError(ErrorCode.topic_already_exists,
+                                              f"Topic '{name}' already exists."))
+        return d.addCallback(lambda _r: topic)
 
     def _check_collision(self, name: str) -> None:
         """Kafka refuses names equal to an existing one once '.' and '_' are identified."""
@@ -321,10 +327,12 @@ class TopicCatalog:
         if validate_only:
             return _done(grown)
         log_changes = _all_log_changes(topic.configs)
-        cmds = [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
-                for p in range(topic.partitions, count)]
-        cmds.append(self._put(grown))
-        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: self._grown(grown))
+        cmds: list[c.Command] = [self._put(grown, expect=self._raw(name))]
+        cmds += [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
+                 for p in range(topic.partitions, count)]
+        d = self._store.propose(c.Batch(tuple(cmds)))
+        d.addErrback(_conflict_as, _CHANGED)
+        return d.addCallback(lambda _r: self._grown(grown))
 
     def set_configs(
         self, name: str, configs: Mapping[str, str | None], *, replace: bool,
@@ -346,21 +354,41 @@ class TopicCatalog:
         updated = Topic(topic.name, topic.topic_id, topic.partitions, merged)
         if validate_only:
             return _done(updated)
-        cmds: list[c.Command] = [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
-        cmds.append(self._put(updated))
-        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: updated)
+        cmds: list[c.Command] = [self._put(updated, expect=self._raw(name))]
+        cmds += [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
+        d = self._store.propose(c.Batch(tuple(cmds)))
+        d.addErrback(_conflict_as, _CHANGED)
+        return d.addCallback(lambda _r: updated)
 
     def delete(self, name: str) -> Deferred:
         topic = self.require(name)
-        cmds: list[c.Command] = [c.DeleteChannel(ch, missing_ok=True) for ch in topic.channels()]
-        cmds.append(c.KeyedPut(CONFIG_FAMILY, ((_KEY_PREFIX + name.encode(), None),),
-                               self._store.now_ms()))
+        key = _KEY_PREFIX + name.encode()
+        cmds: list[c.Command] = [c.KeyedPut(CONFIG_FAMILY, ((key, None),), self._store.now_ms(),
+                                            expect=((key, self._raw(name)),))]
+        cmds += [c.DeleteChannel(ch, missing_ok=True) for ch in topic.channels()]
         self._cache.pop(name, None)
-        return self._store.propose(c.Batch(tuple(cmds))).addCallback(lambda _r: topic)
+        d = self._store.propose(c.Batch(tuple(cmds)))
+        d.addErrback(_conflict_as, _CHANGED)
+        return d.addCallback(lambda _r: topic)
 
-    def _put(self, topic: Topic) -> c.KeyedPut:
-        return c.KeyedPut(CONFIG_FAMILY, ((_KEY_PREFIX + topic.name.encode(), _encode(topic)),),
-                          self._store.now_ms())
+    def _raw(self, name: str) -> bytes | None:
+        return self._store.keyed_get(CONFIG_FAMILY, _KEY_PREFIX + name.encode())
+
+    def _put(self, topic: Topic, *, expect: bytes | None) -> c.KeyedPut:
+        """The catalog write for ``topic``, applied only if the entry still is ``expect``."""
+        key = _KEY_PREFIX + topic.name.encode()
+        return c.KeyedPut(CONFIG_FAMILY, ((key, _encode(topic)),), self._store.now_ms(),
+                          expect=((key, expect),))
+
+
+_CHANGED = KafkaError(ErrorCode.unknown_server_error,
+                      "the topic was changed concurrently by another request; retry")
+
+
+def _conflict_as(failure: Any, error: KafkaError) -> Any:
+    """Turn an apply-time KeyConflict into the Kafka error the caller should see."""
+    failure.trap(KeyConflict)
+    raise error
 
 
 def _encode(topic: Topic) -> bytes:

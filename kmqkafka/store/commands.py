@@ -142,12 +142,18 @@ class QueueExpire(Command):
 
 @dataclass(frozen=True, slots=True)
 class KeyedPut(Command):
-    """Write (key, value-or-None) pairs to a coordinator family; None deletes."""
+    """Write (key, value-or-None) pairs to a coordinator family; None deletes.
+
+    ``expect`` holds (key, value-or-None) pairs that must match the applied
+    state, or nothing is written (KeyConflict): a compare-and-set decided at
+    apply time, so two nodes racing to create the same topic cannot both win.
+    """
 
     tag: ClassVar[int] = 20
     family: str
     pairs: tuple = ()
     now_ms: int = 0
+    expect: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,3 +45,7 @@ class CorruptStore(StoreError):
 
 class StoreStopped(StoreError):
     """The store is shutting down and takes no new work."""
+
+
+class KeyConflict(StoreError):
+    """A compare-and-set on a coordinator key found a different value than expected."""

@@ -37,7 +37,7 @@ from kmqkafka.store import checkpoint
 from kmqkafka.store import commands as c
 from kmqkafka.store import snapshot
 from kmqkafka.store.config import LogConfig
-from kmqkafka.store.errors import ChannelExists, ChannelNotFound, StoreError
+from kmqkafka.store.errors import ChannelExists, ChannelNotFound, KeyConflict, StoreError
 from kmqkafka.store.fsutil import fsync_dir, write_atomic
 from kmqkafka.store.keyed import RESERVED_FAMILIES, KeyedLog
 from kmqkafka.store.log import ChannelLog
@@ -399,6 +399,9 @@ class StateMachine:
 
     def _apply_KeyedPut(self, cmd: c.KeyedPut) -> int:
         keyed = self.keyed[cmd.family]
+        for key, expected in cmd.expect:
+            if keyed.get(key) != expected:
+                raise KeyConflict(f"{cmd.family} key {bytes(key)!r} changed concurrently")
         keyed.put_many([(k, v) for k, v in cmd.pairs], cmd.now_ms)
         self._dirty_keyed.add(cmd.family)
         return len(cmd.pairs)

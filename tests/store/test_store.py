@@ -165,3 +165,23 @@ def test_stop_makes_unacknowledged_acks1_writes_durable(tmp_path, clock):
     result_of(store.stop(), clock)
     again = open_store(tmp_path, clock)
     assert again.bounds("kafka.t").high_watermark == 3
+
+
+def test_keyed_compare_and_set_applies_a_batch_only_when_the_key_matches(tmp_path, clock):
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.errors import KeyConflict
+
+    store = open_store(tmp_path, clock)
+    first = c.Batch((c.KeyedPut("config", ((b"topic:t", b"v1"),), 0, expect=((b"topic:t", None),)),
+                     c.CreateChannel("kafka.t", exist_ok=True)))
+    result_of(store.propose(first), clock)
+    # A second creator that decided on stale state: nothing of its batch may apply.
+    stale = c.Batch((c.KeyedPut("config", ((b"topic:t", b"v2"),), 0, expect=((b"topic:t", None),)),
+                     c.CreateChannel("kafka.t~1", exist_ok=True)))
+    with pytest.raises(KeyConflict):
+        result_of(store.propose(stale), clock)
+    assert store.keyed_get("config", b"topic:t") == b"v1"
+    assert not store.exists("kafka.t~1")
+    update = c.KeyedPut("config", ((b"topic:t", b"v3"),), 0, expect=((b"topic:t", b"v1"),))
+    result_of(store.propose(update), clock)
+    assert store.keyed_get("config", b"topic:t") == b"v3"
