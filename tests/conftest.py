@@ -218,6 +218,17 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Iterator[BrokerProcess]:
+    """One daemon for a whole test module, for tests that neither stop nor kill it."""
+    b = start_broker(tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]))
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A Kafka-enabled daemon on free loopback ports, stopped (SIGTERM, then SIGKILL) at the end."""

@@ -27,12 +27,8 @@ TIMEOUT = datetime.timedelta(seconds=30)
 
 
 @pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = start_broker(tmp_path_factory.mktemp("admin"))
-    try:
-        yield b
-    finally:
-        b.stop()
+def kafka(shared_broker: BrokerProcess) -> BrokerProcess:
+    return shared_broker
 
 
 @pytest.fixture(scope="module")

@@ -35,12 +35,8 @@ Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = start_broker(tmp_path_factory.mktemp("clients"))
-    try:
-        yield b
-    finally:
-        b.stop()
+def broker(shared_broker: BrokerProcess) -> BrokerProcess:
+    return shared_broker
 
 
 def payloads(tag: str, binary: bool) -> list[tuple[bytes, bytes, list[tuple[str, bytes]], int]]:

@@ -31,12 +31,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:alter_configs has been deprecate
 
 
 @pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = start_broker(tmp_path_factory.mktemp("configs"))
-    try:
-        yield b
-    finally:
-        b.stop()
+def kafka(shared_broker: BrokerProcess) -> BrokerProcess:
+    return shared_broker
 
 
 @pytest.fixture(scope="module")

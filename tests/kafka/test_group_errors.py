@@ -33,12 +33,8 @@ def ms(n: int) -> datetime.timedelta:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = start_broker(tmp_path_factory.mktemp("group-errors"))
-    try:
-        yield b
-    finally:
-        b.stop()
+def broker(shared_broker: BrokerProcess) -> BrokerProcess:
+    return shared_broker
 
 
 @pytest.fixture

@@ -31,12 +31,8 @@ FAST = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = start_broker(tmp_path_factory.mktemp("groups"))
-    try:
-        yield b
-    finally:
-        b.stop()
+def broker(shared_broker: BrokerProcess) -> BrokerProcess:
+    return shared_broker
 
 
 def unique(prefix: str) -> str:
