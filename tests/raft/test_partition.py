@@ -34,7 +34,9 @@ pytest.importorskip("kafka")
 from kio.schema.errors import ErrorCode as E  # noqa: E402
 
 from kmqkafka import records  # noqa: E402
-from tests.raft.test_kafka_cluster import _batch, ms, produce_confluent, req  # noqa: E402
+from tests.raft.test_kafka_cluster import (  # noqa: E402
+    _batch, ms, produce_confluent, req, wait_for,
+)
 
 TOPIC = "part"
 
@@ -78,20 +80,6 @@ def read_node(port: int, topic: str = TOPIC, partition: int = 0
             if (out[-1][0] + 1 if out else 0) >= hw:
                 return hw, out
     raise AssertionError(f"node :{port} did not serve up to its high watermark {hw}")
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except Exception as exc:  # noqa: BLE001 - retried until the deadline
-            last = exc
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout}s: {last!r}")
 
 
 def controller_seen_by(port: int) -> int:
