@@ -327,6 +327,27 @@ class RaftNode:
         else:
             self._send_append(to)
 
+    def transfer_target(self) -> int | None:
+        """The voter a leader should hand over to: the most up-to-date follower (highest
+        match), preferring ones heard from in the current election timeout; None if this node
+        is not a leader or leads alone."""
+        if self.role is not Role.LEADER:
+            return None
+        best: tuple[tuple[bool, int, int], int] | None = None
+        for v in self.voters - {self.id}:
+            pr = self._progress.get(v)
+            if pr is None:
+                continue
+            key = (pr.recent_active, pr.match, -v)
+            if best is None or key > best[0]:
+                best = (key, v)
+        return best[1] if best is not None else None
+
+    @property
+    def transferring(self) -> int | None:
+        """The voter a transfer in progress hands leadership to, if any."""
+        return self._transferee
+
     def compact(self, index: int, data: bytes) -> Snapshot:
         """The application saved its state up to ``index`` (<= applied) as ``data``: drop the
         log prefix. Returns the snapshot; the driver persists it (``MemoryStorage.compact``)

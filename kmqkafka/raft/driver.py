@@ -26,6 +26,12 @@ An application with ``compaction_point(applied) -> (index, data) | None`` instea
 that is durable already (a one-member cluster: its applied-index checkpoint); the loop then
 only pauses for the storage's small COMPACT write.
 
+Early apply (one-member cluster only): with ``can_stage(entry)``/``stage(entries)``/``publish()``
+the application applies committed entries while their own ``save`` is still running on the I/O
+thread and answers for them only at ``publish`` (after the save): applying overlaps the fsync.
+The application must keep staged effects invisible and undoable by crash recovery until then
+(``RaftProposer.stage`` states the argument).
+
 Optional application hooks: ``has_pending()`` / ``before_ready()`` let the application keep
 proposals in its own outbox and hand them to the core right before a Ready is cut (so many
 proposals become one entry); ``request_ready()`` tells the driver there is something.
@@ -116,6 +122,7 @@ class RaftDriver:
         self._fetching: set[int] = set()
         self._applied_waiters: list[tuple[int, Deferred]] = []
         self._idle: list[Deferred] = []
+        self._transfers: list[tuple[Deferred, Any]] = []  # (waiter, timeout call)
         self.failed: Failure | None = None
         self.ready_count = 0
         self.compactions = 0
@@ -165,6 +172,45 @@ class RaftDriver:
         index = self.node.propose(data)
         self._kick()
         return index
+
+    def transfer_leadership(self, timeout_s: float) -> Deferred:
+        """Graceful hand-over (shutdown): a leader of a multi-node cluster transfers leadership
+        to its most up-to-date follower (``RaftNode.transfer_target``: the core catches it up,
+        then sends it TimeoutNow). Fires with the new leader's id once this node learned it,
+        or with None at once (not a leader, alone, stopped) or after ``timeout_s`` (the core
+        itself abandons a transfer after an election timeout). Never errbacks."""
+        node = self.node
+        target = node.transfer_target() if not self._stopped else None
+        if target is None:
+            return succeed(None)
+        if node.transferring is None:
+            try:
+                node.transfer_leadership(target)
+            except Exception as e:  # NotLeader in a race: nothing to hand over
+                log.info("leadership transfer to {to} not started: {e}", to=target, e=e)
+                return succeed(None)
+            log.info("transferring leadership to node {to}", to=target)
+        d: Deferred = Deferred()
+        timer = self._clock.callLater(timeout_s, self._transfer_timeout, d)
+        self._transfers.append((d, timer))
+        self._kick()
+        return d
+
+    def _transfer_timeout(self, d: Deferred) -> None:
+        self._transfers = [(w, t) for w, t in self._transfers if w is not d]
+        leader = self.node.leader
+        log.info("leadership transfer: timed out (leader now {leader})", leader=leader)
+        d.callback(leader if leader != self.node.id and not self.is_leader() else None)
+
+    def _check_transfers(self) -> None:
+        leader = self.node.leader
+        if not self._transfers or self.is_leader() or leader is None or leader == self.node.id:
+            return
+        transfers, self._transfers = self._transfers, []
+        for d, timer in transfers:
+            if timer.active():
+                timer.cancel()
+            d.callback(leader)
 
     def _fetch(self, message: InstallSnapshot) -> None:
         index = message.snapshot.meta.index
@@ -237,19 +283,43 @@ class RaftDriver:
         self.ready_count += 1
         if rd.soft_state is not None:
             self._app.on_soft_state(rd.soft_state)
+            self._check_transfers()
         if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
             d = self._run_io(self.storage.save, rd)
         else:
             d = succeed(None)
-        d.addCallback(self._persisted, rd)
+        staged = self._stage(rd) if not d.called else 0
+        d.addCallback(self._persisted, rd, staged)
         d.addErrback(self._fatal)
 
-    def _persisted(self, _: object, rd: Ready) -> None:
+    def _stage(self, rd: Ready) -> int:
+        """One-member cluster: apply the leading committed entries the application allows
+        (``app.can_stage``) while ``storage.save`` runs on the I/O thread, so applying overlaps
+        the fsync. The application answers nothing and shows nothing of them before
+        ``app.publish()``, called once the save returned (see ``RaftProposer.stage``).
+        Returns how many were applied."""
+        stage = getattr(self._app, "stage", None)
+        if (stage is None or not rd.entries or rd.snapshot is not None
+                or not rd.committed_entries or self.node.voters != {self.node.id}):
+            return 0
+        can = self._app.can_stage
+        n = 0
+        for entry in rd.committed_entries:
+            if not can(entry):
+                break
+            n += 1
+        if n:
+            stage(rd.committed_entries[:n])
+        return n
+
+    def _persisted(self, _: object, rd: Ready, staged: int = 0) -> None:
         if rd.messages:
             self._transport.send(rd.messages)
         if rd.snapshot is not None:
             self._app.restore(rd.snapshot)
-        for entry in rd.committed_entries:
+        if staged:
+            self._app.publish()
+        for entry in rd.committed_entries[staged:]:
             self._app.apply(entry)
         self.node.advance(rd)
         self._busy = False

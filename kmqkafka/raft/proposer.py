@@ -22,6 +22,15 @@ Snapshots: the data Raft carries is a reference, ``b"kmq-snapshot:<index>"``; th
 hard-linked tree ``StateMachine.snapshot`` writes under ``{data_dir}/raft/snapshots/<index>``,
 fetched by a lagging follower through the transport before it installs the snapshot.
 
+One-member cluster (no transport): an entry's data is a ``Gather`` of the command's pieces
+(an Append's batch is never copied; the command object rides along, so applying needs no
+decode), and Append entries are applied while their own Raft log write and fsync run on the
+I/O thread (``stage``/``publish``; the crash argument is in ``stage``'s docstring). Only the
+answers and the readers' high watermark wait for the fsync.
+
+Graceful stop of a cluster's leader (SIGTERM stops the service, which stops the store):
+leadership goes to the most up-to-date follower first (``_hand_over``).
+
 Reactor-thread only; the driver's ``run_io`` serializes Raft log writes on their own I/O thread.
 """
 from __future__ import annotations
@@ -45,7 +54,7 @@ from kmqkafka.raft.driver import RaftDriver
 from kmqkafka.raft.errors import (
     CommitTimeout, NoLeaderError, NotLeaderError, ProposalLost, TransportError,
 )
-from kmqkafka.raft.messages import Entry, EntryKind, Snapshot
+from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot
 from kmqkafka.raft.storage import DiskStorage
 from kmqkafka.store import commands as c
 from kmqkafka.store.errors import StoreError, StoreStopped
@@ -101,13 +110,31 @@ def _decode(data: memoryview) -> c.Command:
     return c.decode(data)
 
 
+_NAME_CACHE: dict[str, bytes] = {}
+
+
+def _append_head(command: c.Append) -> bytes:
+    """Tag, length and JSON head of an encoded Append (the batch follows): the same bytes as
+    ``commands.encode``'s, built without a ``json.dumps`` per command."""
+    name = _NAME_CACHE.get(command.name)
+    if name is None:
+        name = json.dumps(command.name).encode()
+        if len(_NAME_CACHE) < 65536:
+            _NAME_CACHE[command.name] = name
+    head = b'{"name":%s,"now_ms":%d}' % (name, command.now_ms)
+    return b"%c%s%s" % (c.Append.tag, _LEN.pack(len(head)), head)
+
+
+def _encode_parts(command: c.Command) -> list[Any]:
+    """The encoded command as pieces: an Append's batch is not copied (see ``Gather``)."""
+    if type(command) is c.Append:
+        return [_append_head(command), command.batch]
+    return [c.encode(command)]
+
+
 def _encode(command: c.Command) -> bytes:
     """``commands.encode`` with one copy of an Append's batch (not three)."""
-    if type(command) is c.Append:
-        head = json.dumps({"name": command.name, "now_ms": command.now_ms},
-                          separators=(",", ":")).encode()
-        return b"".join((bytes((c.Append.tag,)), _LEN.pack(len(head)), head, command.batch))
-    return c.encode(command)
+    return b"".join(_encode_parts(command))
 
 
 def _split_group(data: memoryview) -> list[memoryview]:
@@ -121,16 +148,29 @@ def _split_group(data: memoryview) -> list[memoryview]:
 
 
 class _Pending:
-    __slots__ = ("d", "data", "durable", "deadline", "index", "term", "slot")
+    __slots__ = ("d", "data", "durable", "deadline", "index", "term", "slot", "command", "size")
 
-    def __init__(self, d: Deferred, data: bytes, durable: bool, deadline: float) -> None:
+    def __init__(self, d: Deferred, data: Any, durable: bool, deadline: float,
+                 command: c.Command | None = None) -> None:
+        """``data``: the encoded command, or (``command`` given, a one-member cluster) its
+        pieces (``_encode_parts``), joined only if it has to cross the wire."""
         self.d = d
         self.data = data
+        self.command = command
+        self.size = len(data) if command is None else sum(len(x) for x in data)
         self.durable = durable
         self.deadline = deadline
         self.index = 0
         self.term = 0
         self.slot = -1  # position in a group entry, -1: the entry is this command alone
+
+
+def _wire(p: _Pending) -> bytes:
+    """The encoded command as one bytes object (forwarding, a cluster's entries)."""
+    if p.command is not None:
+        p.data = b"".join(p.data)
+        p.command = None
+    return p.data
 
 
 class RaftProposer:
@@ -152,11 +192,13 @@ class RaftProposer:
         election_ticks: int = 10,
         propose_timeout_s: float = 10.0,
         compact_entries: int = 10_000,
-        compact_bytes: int = 256 << 20,
+        compact_bytes: int | None = None,
         storage: Any = None,
         checkpoint_bytes: int = 64 << 20,
         checkpoint_interval_s: float = 1.0,
         group_max_bytes: int = 64 << 10,
+        transfer_timeout_s: float = 2.0,
+        wal_roll_bytes: int = 32 << 20,
     ) -> None:
         """``members`` (all voters, self included; None or {} = a cluster of one). ``run_io``
         runs store flushes and snapshots off the reactor; ``run_raft_io`` the Raft log writes
@@ -165,7 +207,9 @@ class RaftProposer:
         A checkpoint (segment fsync + applied-index record) runs once ``checkpoint_bytes``
         of entries were applied since the last, or ``checkpoint_interval_s`` after an apply;
         it only bounds crash replay. Commands smaller than ``group_max_bytes`` proposed
-        together share one Raft entry."""
+        together share one Raft entry. A leader of a multi-node cluster that stops hands
+        leadership to its most up-to-date follower first, waiting at most
+        ``transfer_timeout_s`` (and as long again for its own pending proposals to apply)."""
         self.machine = machine
         self.node_id = node_id
         self.members = dict(members or {})
@@ -178,7 +222,12 @@ class RaftProposer:
         self._tick_s = tick_s
         self._election_ticks = election_ticks
         self._timeout = propose_timeout_s
+        if compact_bytes is None:
+            # A one-member cluster compacts to its checkpoint (cheap): keep the Raft log a
+            # few rolled files long so freed files are reused soon (``DiskStorage``).
+            compact_bytes = 96 << 20 if len(self.members) <= 1 else 256 << 20
         self._compact = (compact_entries, compact_bytes)
+        self._wal_roll = wal_roll_bytes
         self._storage_override = storage
         self._commit = GroupCommit(machine, clock, run_io, eager=False)
         self._checkpoint_bytes = checkpoint_bytes
@@ -186,6 +235,7 @@ class RaftProposer:
         self._since_checkpoint = 0
         self._checkpoint_timer: IDelayedCall | None = None
         self._group_max = group_max_bytes
+        self._transfer_timeout = transfer_timeout_s
         self._outbox: list[_Pending] = []               # leader: proposals for the next Ready
         self._live: deque[_Pending] = deque()           # every proposal, by deadline
         self._sweep_s = max(min(propose_timeout_s / 4, 0.5), 0.001)
@@ -198,12 +248,22 @@ class RaftProposer:
         self._stopped = False
         self.driver: RaftDriver | None = None
         self.storage: Any = None
+        self._staged: list[tuple[_Pending, Any]] = []  # applied early, answered at publish
+        self._staging = False
+        self._unpublished = False
+        self._commit.hold = self._hold_checkpoint
+        self.staged_entries = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def flush_count(self) -> int:
         return self._commit.flush_count
+
+    @property
+    def _solo(self) -> bool:
+        """No transport, one member: entries never leave this process (zero-copy data)."""
+        return self._transport is None and len(self.members) <= 1
 
     @property
     def snapshot_dir(self) -> Path:
@@ -216,7 +276,8 @@ class RaftProposer:
         committed (for a cluster of one: every entry in its log) is applied again.
         """
         self.snapshot_dir.mkdir(parents=True, exist_ok=True)
-        storage = self._storage_override or DiskStorage.open(self.raft_dir)
+        storage = self._storage_override or DiskStorage.open(self.raft_dir,
+                                                             roll_bytes=self._wal_roll)
         self.storage = storage
         snap = storage.snapshot
         if snap is not None and self.machine.last_applied < snap.meta.index:
@@ -241,8 +302,14 @@ class RaftProposer:
         return self.driver.wait_applied(target)
 
     def stop(self) -> Deferred:
-        """Refuse new proposals, fail parked ones, let the driver finish, flush, close."""
+        """Refuse new proposals, fail parked ones, hand leadership over (a leader of a
+        multi-node cluster, bounded by ``transfer_timeout_s``), let the driver finish, flush,
+        close."""
         self._stopped = True
+        if self._outbox and self.driver is not None and self.driver.failed is None:
+            # Accepted already: into the log with them (answered once applied, see below).
+            self.before_ready()
+            self.driver.request_ready()
         for p in self._parked + self._outbox:
             self._fail(p, StoreStopped("the store is stopping"))
         self._parked = []
@@ -250,10 +317,19 @@ class RaftProposer:
         if self._checkpoint_timer is not None and self._checkpoint_timer.active():
             self._checkpoint_timer.cancel()
         self._checkpoint_timer = None
-        d = self.driver.stop() if self.driver is not None else succeed(None)
+        handover = self._hand_over()
+
+        def stop_driver(_: object) -> Deferred:
+            return self.driver.stop() if self.driver is not None else succeed(None)
+
+        d = handover.addCallback(stop_driver)
 
         def rest(_: object) -> Deferred:
             ds = self._transport.stop() if self._transport is not None else succeed(None)
+            if self._unpublished:
+                # The Raft log write under staged entries failed: they must never reach a
+                # checkpoint (recovery cuts them off); the last checkpoint stands.
+                return ds
             return ds.addBoth(lambda _: self._commit.drain())
 
         def close(_: object) -> None:
@@ -274,6 +350,43 @@ class RaftProposer:
 
     def drain(self) -> Deferred:
         return self._commit.drain()
+
+    def _hand_over(self) -> Deferred:
+        """Graceful shutdown of a cluster's leader (SIGTERM stops the store, which stops
+        this): transfer leadership to the most up-to-date follower, so the cluster does not
+        wait an election timeout for a new leader; then give proposals already in the log a
+        moment to apply here (so their callers get answers, not StoreStopped). Bounded by
+        ``transfer_timeout_s`` each; never fails."""
+        driver = self.driver
+        if (driver is None or self._transport is None or len(self.members) <= 1
+                or not driver.is_leader() or driver.failed is not None):
+            return succeed(None)
+        deadline = self._clock.seconds() + self._transfer_timeout
+        d = driver.transfer_leadership(self._transfer_timeout)
+
+        def transferred(new_leader: int | None) -> Deferred:
+            if new_leader is not None:
+                log.info("raft node {id}: leadership handed to node {to}", id=self.node_id,
+                         to=new_leader)
+            else:
+                log.warn("raft node {id}: no leadership hand-over before stopping",
+                         id=self.node_id)
+            return self._until(lambda: not self._waiting, deadline + self._transfer_timeout)
+
+        return d.addCallback(transferred)
+
+    def _until(self, done: Callable[[], bool], deadline: float) -> Deferred:
+        """Fire once ``done()`` or at ``deadline``, checking every tick."""
+        d: Deferred = Deferred()
+
+        def check() -> None:
+            if done() or self._clock.seconds() >= deadline or self.driver.failed is not None:
+                d.callback(None)
+            else:
+                self._clock.callLater(self._tick_s / 2, check)
+
+        check()
+        return d
 
     # ------------------------------------------------------------------ what callers see
 
@@ -303,7 +416,13 @@ class RaftProposer:
         if self.driver.failed is not None:
             return fail(StoreStopped("the raft log failed; this node takes no writes"))
         d: Deferred = Deferred()
-        p = _Pending(d, _encode(command), durable, self._clock.seconds() + self._timeout)
+        deadline = self._clock.seconds() + self._timeout
+        if self._solo:
+            # A one-member cluster's entries never cross the wire: keep the pieces (and the
+            # command itself, so applying needs no decode).
+            p = _Pending(d, _encode_parts(command), durable, deadline, command)
+        else:
+            p = _Pending(d, _encode(command), durable, deadline)
         self._live.append(p)
         if self._sweeper is None:
             self._sweeper = self._clock.callLater(self._sweep_s, self._sweep)
@@ -333,7 +452,7 @@ class RaftProposer:
         for p in outbox:
             if p.d.called:
                 continue
-            if len(p.data) >= self._group_max:
+            if p.size >= self._group_max:
                 self._propose_run(run)
                 run = []
                 self._propose_one(p)
@@ -344,8 +463,10 @@ class RaftProposer:
     def _propose_one(self, p: _Pending) -> None:
         assert self.driver is not None
         node = self.driver.node
+        data = (Gather(p.data, p.command) if p.command is not None and self._solo
+                else _wire(p))
         try:
-            index = node.propose(p.data)
+            index = node.propose(data)
         except ProposalDropped:
             self._parked.append(p)
             return
@@ -358,12 +479,19 @@ class RaftProposer:
             return
         assert self.driver is not None
         node = self.driver.node
-        parts: list[bytes] = [_GROUP_HEAD]
+        parts: list[Any] = [_GROUP_HEAD]
         for p in run:
-            parts.append(_LEN.pack(len(p.data)))
-            parts.append(p.data)
+            parts.append(_LEN.pack(p.size))
+            if p.command is not None:
+                parts.extend(p.data)
+            else:
+                parts.append(p.data)
+        if self._solo and all(p.command is not None for p in run):
+            data: Any = Gather([b"".join(parts)], [p.command for p in run])
+        else:
+            data = b"".join(parts)
         try:
-            index = node.propose(b"".join(parts))
+            index = node.propose(data)
         except ProposalDropped:
             self._parked.extend(run)
             return
@@ -391,7 +519,7 @@ class RaftProposer:
             return
         if self.driver.is_leader():
             try:
-                index = self.driver.propose(p.data)
+                index = self.driver.propose(_wire(p))
             except ProposalDropped:
                 self._parked.append(p)  # e.g. a leadership transfer; retried on change
                 return
@@ -402,7 +530,7 @@ class RaftProposer:
             self._parked.append(p)
             return
         self._forwarding += 1
-        self._transport.forward(leader, p.data).addCallbacks(
+        self._transport.forward(leader, _wire(p)).addCallbacks(
             self._forwarded, self._forward_failed, callbackArgs=(p,), errbackArgs=(p,))
 
     def _forwarded(self, position: tuple[int, int], p: _Pending) -> None:
@@ -514,30 +642,20 @@ class RaftProposer:
             return  # already in the machine's files (checkpoint) or restored snapshot
         outcome: Any
         group: list[Any] | None = None
-        data = memoryview(entry.data)
-        if entry.kind is EntryKind.NORMAL and len(data) and data[0] == _GROUP:
+        data = entry.data
+        payload = data.payload if type(data) is Gather else None
+        if entry.kind is EntryKind.NORMAL and payload is not None:
+            # Our own entry (one-member cluster): the commands are at hand, no decode.
+            if type(payload) is list:
+                outcome, group = None, self._apply_group(index, payload)
+            else:
+                outcome = self._apply_one(index, payload)
+        elif entry.kind is EntryKind.NORMAL and len(data) and data[0] == _GROUP:
+            view = memoryview(data)
             outcome = None
-            try:
-                group = self.machine.apply_group(index, [_decode(x) for x in _split_group(data)])
-            except Exception:  # a bug must not stop replication
-                log.failure("applying group entry {index} failed", index=index)
-                group = []
-                self.machine.last_applied = max(self.machine.last_applied, index)
-            for i, res in enumerate(group):
-                if isinstance(res, BaseException):
-                    if not isinstance(res, StoreError):
-                        log.error("applying command {i} of entry {index} failed: {e!r}",
-                                  i=i, index=index, e=res)
-                    group[i] = Failure(res)
+            group = self._apply_group(index, [_decode(x) for x in _split_group(view)])
         elif entry.kind is EntryKind.NORMAL:
-            try:
-                outcome = self.machine.apply(index, _decode(data))
-            except StoreError:
-                outcome = Failure()
-            except Exception:  # a bug in one command must not stop replication
-                log.failure("applying entry {index} failed", index=index)
-                outcome = Failure()
-                self.machine.last_applied = max(self.machine.last_applied, index)
+            outcome = self._apply_one(index, _decode(memoryview(data)))
         else:
             # No-ops and membership changes move the applied index too (checkpoints use it).
             self.machine.last_applied = max(self.machine.last_applied, index)
@@ -551,13 +669,111 @@ class RaftProposer:
         if waiting:
             for p in waiting:
                 if p.term != entry.term:
-                    self._fail(p, ProposalLost(f"entry {index} was replaced by a new leader"))
+                    lost = ProposalLost(f"entry {index} was replaced by a new leader")
+                    self._answer(p, None, lost)
                 elif p.slot < 0:
-                    self._resolve(p, outcome)
+                    self._answer(p, outcome)
                 elif group is not None and p.slot < len(group):
-                    self._resolve(p, group[p.slot])
+                    self._answer(p, group[p.slot])
                 else:
-                    self._fail(p, ProposalLost(f"entry {index} does not hold the command"))
+                    self._answer(p, None, ProposalLost(f"entry {index} does not hold the command"))
+
+    def _apply_one(self, index: int, command: c.Command) -> Any:
+        try:
+            return self.machine.apply(index, command)
+        except StoreError:
+            return Failure()
+        except Exception:  # a bug in one command must not stop replication
+            log.failure("applying entry {index} failed", index=index)
+            self.machine.last_applied = max(self.machine.last_applied, index)
+            return Failure()
+
+    def _apply_group(self, index: int, commands: list[c.Command]) -> list[Any]:
+        try:
+            group = self.machine.apply_group(index, commands)
+        except Exception:  # a bug must not stop replication
+            log.failure("applying group entry {index} failed", index=index)
+            self.machine.last_applied = max(self.machine.last_applied, index)
+            return []
+        for i, res in enumerate(group):
+            if isinstance(res, BaseException):
+                if not isinstance(res, StoreError):
+                    log.error("applying command {i} of entry {index} failed: {e!r}",
+                              i=i, index=index, e=res)
+                group[i] = Failure(res)
+        return group
+
+    def _answer(self, p: _Pending, outcome: Any, error: StoreError | None = None) -> None:
+        if self._staging:
+            self._staged.append((p, error if error is not None else outcome))
+        elif error is not None:
+            self._fail(p, error)
+        else:
+            self._resolve(p, outcome)
+
+    # ------------------------------------------------------------------ early apply (one member)
+
+    def can_stage(self, entry: Entry) -> bool:
+        """Driver hook: may ``entry`` be applied while its own Raft append is being fsynced?
+
+        Only on a one-member cluster (the driver checks that too), and only entries whose
+        effect a crash replay undoes: Appends (cut back by the checkpoint, see
+        ``store/checkpoint.py``) and no-ops. Catalog, queue and coordinator commands wait for
+        the fsync as before."""
+        if not self._solo or entry.index <= self._skip_to:
+            return entry.index <= self._skip_to
+        if entry.kind is EntryKind.NO_OP:
+            return True
+        if entry.kind is not EntryKind.NORMAL:
+            return False
+        payload = entry.data.payload if type(entry.data) is Gather else None
+        if payload is None:
+            return False
+        if type(payload) is list:
+            return all(type(x) is c.Append for x in payload)
+        return type(payload) is c.Append
+
+    def stage(self, entries: list[Entry]) -> None:
+        """Driver hook: apply ``entries`` (all ``can_stage``) now, while the Raft log write
+        that makes them durable is still running on the I/O thread.
+
+        Safe on a one-member cluster because nothing of theirs is observable before
+        ``publish`` (called once that fsync returned): results are held back, readers stay
+        bounded by the high watermark (``StateMachine.hold_visibility``), and no checkpoint is
+        cut meanwhile (``_hold_checkpoint``), so the applied-index journal never names an
+        index the Raft log does not hold. If the process dies first, the segments hold bytes
+        past the last checkpoint; recovery cuts every channel back to that checkpoint and the
+        Raft log replays what it holds, so an entry whose append did not reach the disk leaves
+        no trace, and one that did is applied exactly once. If the fsync fails, the driver
+        stops (``publish`` never runs): nothing staged is ever acknowledged or checkpointed.
+        """
+        self._staging = True
+        self._unpublished = True
+        self.machine.hold_visibility(True)
+        try:
+            for entry in entries:
+                self.apply(entry)
+        finally:
+            self._staging = False
+            self.machine.hold_visibility(False)
+        self.staged_entries += len(entries)
+
+    def publish(self) -> None:
+        """Driver hook: the Raft append of the staged entries is durable: show them to
+        readers, answer their proposals, let checkpoints run again."""
+        self.machine.release_visibility()
+        staged, self._staged = self._staged, []
+        self._unpublished = False
+        for p, outcome in staged:
+            if isinstance(outcome, StoreError):
+                self._fail(p, outcome)
+            else:
+                self._resolve(p, outcome)
+        self._commit.release()
+
+    def _hold_checkpoint(self) -> bool:
+        """GroupCommit hook: no flush (checkpoint) may capture staged, unpublished state."""
+        return self._unpublished
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -11,7 +11,8 @@ On-disk layout under ``{data_dir}/raft/``::
     snapshots/   state-machine snapshot trees, one directory per snapshot index (owned by the
                  driver; the WAL only records the snapshot's metadata and reference bytes)
 
-A record is ``u32 length, u32 crc32c(payload), payload`` with ``payload = u8 type, body``:
+A record is ``u32 length, u32 crc, payload`` with ``payload = u8 type, body`` and
+``crc = crc32c(payload)`` seeded with the file's salt (see FILE below; 0 in older files):
 
 - ``1 ENTRY``: ``u64 index, u64 term, u8 kind, data``. An entry whose index is at or below the
   last one read replaces it and drops everything after it (Raft's overwrite-from-index), so an
@@ -25,6 +26,17 @@ A record is ``u32 length, u32 crc32c(payload), payload`` with ``payload = u8 typ
   ``save`` of a snapshot writes (older files are then deleted).
 - ``4 COMPACT``: same body as SNAP: the application took a snapshot at ``index`` locally;
   entries up to it are dropped, later ones kept (log compaction, ``compact``).
+- ``5 FILE``: ``u64 seq``: first record of every file this version writes; the file's records
+  (this one included) carry CRCs seeded with ``salt(seq)``. A file without it (older versions)
+  is read with seed 0.
+
+Recycling: a file compaction frees is not deleted but renamed ``wal-free.NNNNNNNN`` (a few are
+kept) and reused for a later roll: overwriting blocks a file already owns costs the page cache
+and the ``fdatasync`` far less than growing a new file (no block allocation, no metadata to
+journal). Its old records stay behind the new ones until overwritten; they were written with
+another salt, so recovery's CRC check stops at the first of them exactly as at a torn tail. A
+free file is re-headed (FILE, HARD, COMPACT records), fdatasynced, and only then renamed to its
+``wal.`` name, so a crash never exposes a recycled file whose first record is stale.
 
 Compaction appends a COMPACT record (fdatasync), rolls to a new file and deletes the older
 files whose entries are all covered: no rewrite, no copy, nothing waits for it but a small
@@ -52,8 +64,7 @@ import crc32c as _crc32c
 from twisted.logger import Logger
 
 from kmqkafka.raft.log import HardState
-from kmqkafka.raft.messages import Entry, EntryKind, Snapshot, SnapshotMeta
-from kmqkafka.records import crc32c
+from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot, SnapshotMeta
 from kmqkafka.store.fsutil import fsync_dir
 
 if TYPE_CHECKING:
@@ -69,7 +80,9 @@ _ENTRY = struct.Struct(">BQQB")
 _HARD = struct.Struct(">BQQQ")
 _SNAP = struct.Struct(">BQQI")
 _U64 = struct.Struct(">Q")
-T_ENTRY, T_HARD, T_SNAP, T_COMPACT = 1, 2, 3, 4
+T_ENTRY, T_HARD, T_SNAP, T_COMPACT, T_FILE = 1, 2, 3, 4, 5
+FREE = "wal-free"
+KEEP_FREE = 4  # freed files kept for reuse
 _MAX_RECORD = 1 << 31
 ROLL_BYTES = 64 << 20
 _IOV_MAX = 512  # buffers per pwritev call (IOV_MAX is 1024 on Linux)
@@ -79,27 +92,42 @@ class CorruptLog(Exception):
     """The WAL holds a CRC-valid record that breaks the log's structure (not a torn tail)."""
 
 
-def _frame(payload: bytes | bytearray) -> bytes:
-    return _REC.pack(len(payload), crc32c(payload)) + payload
+def salt(seq: int) -> int:
+    """The CRC seed of file ``seq`` (never 0, the seed of files without a FILE record)."""
+    return ((seq * 0x9E3779B1) ^ 0x6B6D7121) & 0xFFFFFFFF or 1
 
 
-def _entry_pieces(e: Entry) -> tuple[bytes, Any]:
-    """(record header + entry header, data): the CRC runs over both without joining them."""
+def _frame(payload: bytes | bytearray, seed: int = 0) -> bytes:
+    return _REC.pack(len(payload), _crc32c.crc32c(payload, seed)) + payload
+
+
+def _file_record(seq: int) -> bytes:
+    return _frame(bytes([T_FILE]) + _U64.pack(seq), salt(seq))
+
+
+def _entry_pieces(e: Entry, seed: int = 0) -> list[Any]:
+    """[record header + entry header, data...]: the CRC runs over all of them without joining
+    them (a ``Gather``'s parts are written as they are)."""
     head = _ENTRY.pack(T_ENTRY, e.index, e.term, e.kind)
     data = e.data
-    crc = _crc32c.crc32c(data, _crc32c.crc32c(head))
-    return _REC.pack(len(head) + len(data), crc) + head, data
+    crc = _crc32c.crc32c(head, seed)
+    if type(data) is Gather:
+        for part in data.parts:
+            crc = _crc32c.crc32c(part, crc)
+        return [_REC.pack(len(head) + data.size, crc) + head, *data.parts]
+    crc = _crc32c.crc32c(data, crc)
+    return [_REC.pack(len(head) + len(data), crc) + head, data]
 
 
-def _hard_record(hs: HardState) -> bytes:
-    return _frame(_HARD.pack(T_HARD, hs.term, hs.vote or 0, hs.commit))
+def _hard_record(hs: HardState, seed: int = 0) -> bytes:
+    return _frame(_HARD.pack(T_HARD, hs.term, hs.vote or 0, hs.commit), seed)
 
 
-def _snap_record(s: Snapshot, kind: int = T_SNAP) -> bytes:
+def _snap_record(s: Snapshot, kind: int = T_SNAP, seed: int = 0) -> bytes:
     voters = sorted(s.meta.voters)
     body = _SNAP.pack(kind, s.meta.index, s.meta.term, len(voters))
     body += b"".join(_U64.pack(v) for v in voters) + s.data
-    return _frame(body)
+    return _frame(body, seed)
 
 
 def _file_seq(name: str) -> int | None:
@@ -112,13 +140,15 @@ def _file_seq(name: str) -> int | None:
 
 
 class _File:
-    __slots__ = ("seq", "path", "size", "last_index")
+    __slots__ = ("seq", "path", "size", "last_index", "seed")
 
-    def __init__(self, seq: int, path: Path, size: int = 0, last_index: int = 0) -> None:
+    def __init__(self, seq: int, path: Path, size: int = 0, last_index: int = 0,
+                 seed: int = 0) -> None:
         self.seq = seq
         self.path = path
         self.size = size
         self.last_index = last_index  # highest entry index written to this file
+        self.seed = seed              # CRC seed of its records (0: no FILE record)
 
 
 class DiskStorage:
@@ -134,7 +164,9 @@ class DiskStorage:
         self._start = 1  # index of entries[0]
         self.truncated_bytes = 0  # torn tail cut off by the last open
         self._files: list[_File] = []
+        self._free: list[Path] = []  # freed files kept for reuse (see "Recycling")
         self._fd = -1
+        self.recycled = 0
 
     # ------------------------------------------------------------------ open / close
 
@@ -147,13 +179,21 @@ class DiskStorage:
         for name in os.listdir(st.directory):
             if name.startswith(WAL) and name.endswith(".part"):
                 (st.directory / name).unlink()  # from the single-file format's rewrite
-        found = sorted((seq, name) for name in os.listdir(st.directory)
-                       if (seq := _file_seq(name)) is not None)
+        names = os.listdir(st.directory)
+        found = sorted((seq, name) for name in names if (seq := _file_seq(name)) is not None)
+        st._free = sorted(st.directory / n for n in names if n.startswith(FREE + "."))
         st._files = [_File(seq, st.directory / name) for seq, name in found]
         if not st._files:
             st._files = [_File(1, st.directory / f"{WAL}.{1:08d}")]
         st._load()
-        st._fd = os.open(st._files[-1].path, os.O_RDWR | os.O_CREAT, 0o644)
+        last = st._files[-1]
+        st._fd = os.open(last.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if last.size == 0:
+            # A new (or emptied) file: give it its FILE record, so it is salted.
+            head = _file_record(last.seq)
+            os.pwrite(st._fd, head, 0)
+            os.fdatasync(st._fd)
+            last.size, last.seed = len(head), salt(last.seq)
         fsync_dir(st.directory)
         return st
 
@@ -215,6 +255,10 @@ class DiskStorage:
             size = os.fstat(fd).st_size
             data = os.pread(fd, size, 0) if size else b""
             view = memoryview(data)
+            seed = salt(f.seq)
+            if not self._has_file_record(view, f.seq, seed):
+                seed = 0  # written before FILE records existed
+            f.seed = seed
             pos = 0
             while pos + _REC.size <= size:
                 length, crc = _REC.unpack_from(view, pos)
@@ -222,25 +266,41 @@ class DiskStorage:
                 if length == 0 or length > _MAX_RECORD or end > size:
                     break
                 payload = view[pos + _REC.size:end]
-                if crc32c(payload) != crc:
+                if _crc32c.crc32c(payload, seed) != crc:
                     break
                 self._replay(payload, pos, f)
                 pos = end
             if pos < size:
-                if not final:
-                    log.warn("raft log: {file} (not the last file) has a bad tail",
-                             file=f.path.name)
-                self.truncated_bytes += size - pos
-                log.warn("raft log: cut a torn tail of {n} byte(s) at {pos} of {file}",
-                         n=size - pos, pos=pos, file=f.path.name)
+                if seed and not final:
+                    # A recycled file's old records behind its own: expected, not damage.
+                    log.debug("raft log: {file} ends at {pos}", file=f.path.name, pos=pos)
+                else:
+                    if not final:
+                        log.warn("raft log: {file} (not the last file) has a bad tail",
+                                 file=f.path.name)
+                    self.truncated_bytes += size - pos
+                    log.warn("raft log: cut a torn tail of {n} byte(s) at {pos} of {file}",
+                             n=size - pos, pos=pos, file=f.path.name)
                 os.ftruncate(fd, pos)
                 os.fsync(fd)
             return pos
         finally:
             os.close(fd)
 
+    @staticmethod
+    def _has_file_record(view: memoryview, seq: int, seed: int) -> bool:
+        n = _REC.size + 9
+        if len(view) < n:
+            return False
+        length, crc = _REC.unpack_from(view, 0)
+        payload = view[_REC.size:n]
+        return (length == 9 and _crc32c.crc32c(payload, seed) == crc and payload[0] == T_FILE
+                and _U64.unpack_from(payload, 1)[0] == seq)
+
     def _replay(self, payload: memoryview, pos: int, f: _File) -> None:
         kind = payload[0]
+        if kind == T_FILE:
+            return
         if kind == T_ENTRY:
             _t, index, term, ekind = _ENTRY.unpack_from(payload, 0)
             entry = Entry(index, term, EntryKind(ekind), bytes(payload[_ENTRY.size:]))
@@ -309,14 +369,15 @@ class DiskStorage:
         f = self._files[-1]
         if ready.entries:
             self._put_entries(ready.entries)
+            seed = f.seed
             for e in ready.entries:
-                pieces.extend(_entry_pieces(e))
+                pieces.extend(_entry_pieces(e, seed))
             f.last_index = max(f.last_index, ready.entries[-1].index)
         sync = bool(ready.entries)
         if ready.hard_state is not None:
             old = self.hard_state
             self.hard_state = ready.hard_state
-            pieces.append(_hard_record(ready.hard_state))
+            pieces.append(_hard_record(ready.hard_state, f.seed))
             sync = sync or (old.term, old.vote) != (ready.hard_state.term, ready.hard_state.vote)
         if pieces:
             self._write(pieces)
@@ -330,7 +391,7 @@ class DiskStorage:
         index = snapshot.meta.index
         if index < self._start:
             return
-        self._write([_snap_record(snapshot, T_COMPACT)])
+        self._write([_snap_record(snapshot, T_COMPACT, self._files[-1].seed)])
         os.fdatasync(self._fd)
         self.snapshot = snapshot
         self._drop_through(index)
@@ -338,7 +399,12 @@ class DiskStorage:
         keep = [f for f in self._files[:-1] if f.last_index > index]
         gone = [f for f in self._files[:-1] if f.last_index <= index]
         for f in gone:
-            f.path.unlink(missing_ok=True)
+            if len(self._free) < KEEP_FREE and f.seed:
+                free = self.directory / f"{FREE}.{f.seq:08d}"
+                os.replace(f.path, free)
+                self._free.append(free)
+            else:
+                f.path.unlink(missing_ok=True)
         self._files = keep + self._files[-1:]
         if gone:
             fsync_dir(self.directory)
@@ -365,39 +431,55 @@ class DiskStorage:
             pieces = rest
         f.size = pos
 
-    def _new_file(self) -> tuple[_File, int]:
+    def _new_file(self, header: list[bytes] | None = None,
+                  recycle: bool = True) -> tuple[_File, int]:
+        """The next file, open, holding its FILE record and ``header`` (records built for its
+        seed by the caller via ``_header``), fdatasynced; a freed file is reused if any (it
+        gets its ``wal.`` name only once its new first records are durable)."""
         seq = self._files[-1].seq + 1
-        f = _File(seq, self.directory / f"{WAL}.{seq:08d}")
-        fd = os.open(f.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        f = _File(seq, self.directory / f"{WAL}.{seq:08d}", seed=salt(seq))
+        record = _file_record(seq) + b"".join(self._header(f.seed) if header is None else header)
+        free = self._free.pop(0) if recycle and self._free else None
+        if free is not None:
+            fd = os.open(free, os.O_RDWR)
+        else:
+            fd = os.open(f.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.pwrite(fd, record, 0)
+            os.fdatasync(fd)
+            if free is not None:
+                os.replace(free, f.path)
+                self.recycled += 1
+        except BaseException:
+            os.close(fd)
+            raise
+        fsync_dir(self.directory)
+        f.size = len(record)
         return f, fd
+
+    def _header(self, seed: int) -> list[bytes]:
+        """Hard state and snapshot (as COMPACT) records every rolled file starts with."""
+        out = [_hard_record(self.hard_state, seed)]
+        if self.snapshot is not None:
+            out.append(_snap_record(self.snapshot, T_COMPACT, seed))
+        return out
 
     def _roll(self) -> None:
         """Start a new file, beginning with the hard state and the snapshot (as COMPACT),
         so deleting every older file loses neither."""
         f, fd = self._new_file()
-        record = _hard_record(self.hard_state)
-        if self.snapshot is not None:
-            record += _snap_record(self.snapshot, T_COMPACT)
-        try:
-            os.pwrite(fd, record, 0)
-            os.fdatasync(fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        fsync_dir(self.directory)
         os.close(self._fd)
         self._fd = fd
-        f.size = len(record)
         self._files.append(f)
 
     def _restart_with_snapshot(self) -> None:
         """A new file holding the installed snapshot, the entries after it and the hard
         state; then the older files go (recovery would drop their entries anyway)."""
-        f, fd = self._new_file()
-        pieces: list[Any] = [_snap_record(self.snapshot)] if self.snapshot else []
+        f, fd = self._new_file(header=[], recycle=False)
+        pieces: list[Any] = [_snap_record(self.snapshot, T_SNAP, f.seed)] if self.snapshot else []
         for e in self.entries:
-            pieces.extend(_entry_pieces(e))
-        pieces.append(_hard_record(self.hard_state))
+            pieces.extend(_entry_pieces(e, f.seed))
+        pieces.append(_hard_record(self.hard_state, f.seed))
         f.last_index = self.last_index if self.entries else 0
         os.close(self._fd)
         self._fd = fd

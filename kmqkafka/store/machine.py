@@ -83,6 +83,8 @@ class StateMachine:
         self.replicated = replicated
         self.journal: checkpoint.CheckpointJournal | None = None
         self._touched: set[str] = set()
+        self._hold_visible = False
+        self._held: dict[str, tuple[ChannelLog, int]] = {}
         self.default_config = default_config or LogConfig()
         self.channels: dict[str, ChannelLog] = {}
         self.queues: dict[str, QueueChannel] = {}
@@ -301,8 +303,25 @@ class StateMachine:
         self._dirty.add(cmd.name)
         self._touched.add(cmd.name)
         if self.replicated:
-            self._visible(ch, cmd.name)
+            if self._hold_visible:
+                self._held[cmd.name] = (ch, ch.next_sequence)
+            else:
+                self._visible(ch, cmd.name)
         return AppendResult(first, last)
+
+    def hold_visibility(self, on: bool) -> None:
+        """Replicated mode: while on, applied Appends stay invisible to readers (the high
+        watermark does not move) until ``release_visibility``: the Raft proposer applies a
+        one-member cluster's entries while their Raft append is still being fsynced."""
+        self._hold_visible = on
+
+    def release_visibility(self) -> None:
+        """Show readers what was applied under ``hold_visibility``."""
+        held, self._held = self._held, {}
+        for name, (ch, upto) in held.items():
+            if self.channels.get(name) is ch and ch._durable < upto:
+                ch._durable = upto
+                self._on_advance(name)
 
     def _visible(self, ch: ChannelLog, name: str) -> None:
         """Replicated mode: an applied command is durable already (its Raft entry is fsynced,

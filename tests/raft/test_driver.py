@@ -12,12 +12,13 @@ import random
 from pathlib import Path
 
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from kmqkafka.raft.errors import NoLeaderError
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
-from kmqkafka.store.errors import ChannelExists
+from kmqkafka.store.errors import ChannelExists, StoreStopped
 from kmqkafka.store.store import ChannelStore
 from tests.raft.fakes import Network
 
@@ -235,3 +236,183 @@ def test_a_lagging_follower_is_caught_up_by_a_snapshot(tmp_path):
     cl.run(1.0)
     assert values(cl.stores[lagging], "kafka.s") == expect + [b"more"]
     assert r.first_sequence == 61
+
+
+# ---------------------------------------------------------------------- graceful hand-over
+
+
+def test_a_stopping_leader_hands_over_to_the_most_up_to_date_follower(tmp_path):
+    cl = Cluster(tmp_path)
+    old = cl.wait_leader()
+    ls = cl.stores[old]
+    cl.result(ls.create_channel("kafka.h"))
+    lagging, fresh = [i for i in cl.ids if i != old]
+    cl.net.down.add(lagging)
+    for i in range(3):
+        cl.result(ls.append_batch("kafka.h", batch(b"v%d" % i)))
+    cl.net.down.discard(lagging)
+    assert ls.proposer.driver.node.transfer_target() == fresh
+    pending = ls.append_batch("kafka.h", batch(b"last"))  # in the log when the stop begins
+    stopped: list = []
+    ls.stop().addBoth(stopped.append)
+    late: list = []
+    ls.append_batch("kafka.h", batch(b"late")).addErrback(late.append)
+    assert late and late[0].check(StoreStopped)
+    cl.run(0.3)  # far less than an election timeout (1-2 s here)
+    assert stopped == [None]
+    del cl.stores[old]
+    assert cl.leader() == fresh
+    assert cl.stores[fresh].leader_id() == fresh
+    # The proposal already in the log was answered (applied), not failed by the stop.
+    assert cl.result(pending).first_sequence == 4
+    r = cl.result(cl.stores[fresh].append_batch("kafka.h", batch(b"after")))
+    assert r.first_sequence == 5
+    cl.run(0.5)
+    assert values(cl.stores[lagging], "kafka.h") == [b"v0", b"v1", b"v2", b"last", b"after"]
+
+
+def test_hand_over_is_bounded_when_no_follower_answers(tmp_path):
+    cl = Cluster(tmp_path, transfer_timeout_s=0.4)
+    old = cl.wait_leader()
+    ls = cl.stores[old]
+    cl.result(ls.create_channel("kafka.h"))
+    for i in cl.ids:
+        if i != old:
+            cl.net.down.add(i)
+    stopped: list = []
+    ls.stop().addBoth(stopped.append)
+    cl.run(0.3)
+    assert stopped == []          # still trying within its bound
+    cl.run(0.3)
+    assert stopped == [None]      # gave up after transfer_timeout_s, stopped cleanly
+
+
+def test_a_follower_or_a_lone_node_stops_without_a_transfer(tmp_path):
+    cl = Cluster(tmp_path)
+    old = cl.wait_leader()
+    follower = next(i for i in cl.ids if i != old)
+    stopped: list = []
+    cl.stores[follower].stop().addBoth(stopped.append)
+    cl.run(0)
+    assert stopped == [None]
+    assert cl.stores[old].proposer.driver.node.transferring is None
+
+
+# ---------------------------------------------------------------------- early apply (one member)
+
+
+class _HeldIO:
+    """A Raft-log I/O runner whose calls finish only when the test says so."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def __call__(self, f, *args):
+        d = Deferred()
+        self.calls.append((d, f, args))
+        return d
+
+    def finish(self) -> int:
+        calls, self.calls = self.calls, []
+        for d, f, args in calls:
+            d.callback(f(*args))
+        return len(calls)
+
+
+def _solo_store(tmp_path: Path, clock: Clock, io: _HeldIO, **raft: object) -> ChannelStore:
+    def factory(machine, reactor, run_io):
+        return RaftProposer(machine, reactor, run_io, node_id=1, members=None, transport=None,
+                            raft_dir=tmp_path / "raft", rng=random.Random(1), tick_s=TICK,
+                            run_raft_io=io, **raft)
+
+    return ChannelStore(tmp_path, clock, threaded_io=False, proposer_factory=factory)
+
+
+def _settle(clock: Clock, io: _HeldIO) -> None:
+    for _ in range(20):
+        clock.advance(0)
+        if not io.finish():
+            clock.advance(0)
+            if not io.calls:
+                return
+
+
+def test_one_member_applies_appends_while_their_raft_write_runs_but_answers_after(tmp_path):
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_store(tmp_path, clock, io)
+    started: list = []
+    store.start().addBoth(started.append)
+    _settle(clock, io)
+    assert started == [None]
+    created: list = []
+    store.create_channel("kafka.e").addBoth(created.append)
+    _settle(clock, io)
+    assert created == [True]
+    proposer = store.proposer
+    ch = store.machine.channels["kafka.e"]
+    flushes = proposer.flush_count
+    acks: list = []
+    for i in range(3):
+        store.append_batch("kafka.e", batch(b"x%d" % i)).addBoth(acks.append)
+    clock.advance(0)                   # the Ready is cut, its save is on the "I/O thread"
+    assert len(io.calls) == 1
+    assert proposer.staged_entries >= 1
+    assert ch.next_sequence == 4       # applied to the segment page cache already...
+    assert store.bounds("kafka.e").high_watermark == 1   # ...but not visible
+    assert acks == []                  # ...and not acknowledged
+    proposer._checkpoint_now()         # a checkpoint asked for now must wait
+    clock.advance(0)
+    assert proposer._commit.held and proposer.flush_count == flushes
+    io.finish()                        # the Raft log fsync returned
+    assert [a.first_sequence for a in acks] == [1, 2, 3]
+    assert store.bounds("kafka.e").high_watermark == 4
+    _settle(clock, io)
+    assert not proposer._commit.held and proposer.flush_count > flushes
+    assert values(store, "kafka.e") == [b"x0", b"x1", b"x2"]
+
+
+def test_one_member_staged_appends_vanish_if_the_raft_write_never_completes(tmp_path):
+    """A crash while the Raft append is in flight: the segments hold the staged bytes, the Raft
+    log does not; recovery cuts them off and nothing acknowledged is lost or duplicated."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_store(tmp_path, clock, io)
+    store.start()
+    _settle(clock, io)
+    store.create_channel("kafka.e")
+    _settle(clock, io)
+    acked: list = []
+    store.append_batch("kafka.e", batch(b"kept")).addBoth(acked.append)
+    _settle(clock, io)
+    assert acked[0].first_sequence == 1
+    lost: list = []
+    store.append_batch("kafka.e", batch(b"lost")).addBoth(lost.append)
+    clock.advance(0)
+    assert io.calls and store.machine.channels["kafka.e"].next_sequence == 3
+    # Crash: the save never ran; the process dies with the staged bytes in the segment.
+    io.calls = []
+    p = store.proposer
+    p._stopped = p.driver._stopped = True
+    if p.driver._ticker.running:
+        p.driver._ticker.stop()
+    for loop in store._loops:
+        if loop.running:
+            loop.stop()
+    p.storage.close()
+    store.machine.close()
+    assert lost == []
+    io2 = _HeldIO()
+    again = _solo_store(tmp_path, clock, io2)
+    started: list = []
+    again.start().addBoth(started.append)
+    _settle(clock, io2)
+    assert started == [None]
+    assert values(again, "kafka.e") == [b"kept"]
+    r: list = []
+    again.append_batch("kafka.e", batch(b"next")).addBoth(r.append)
+    _settle(clock, io2)
+    assert r[0].first_sequence == 2
+    assert values(again, "kafka.e") == [b"kept", b"next"]

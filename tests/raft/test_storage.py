@@ -130,3 +130,43 @@ def test_large_entries_are_written_without_joining_them(tmp_path):
     st.save(Ready(entries=tuple(big), hard_state=HardState(1, 1, 2)))
     st = reopen(st)
     assert [e.data for e in st.entries] == [e.data for e in big]
+
+
+def test_freed_files_are_reused_and_their_old_records_are_never_read_back(tmp_path):
+    """Compaction keeps covered files for reuse; a reused file's stale records (another salt)
+    end recovery's read of that file like a torn tail would, never as entries."""
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=300)
+    for i in range(1, 41, 4):
+        st.save(Ready(entries=ents(i, i + 3), hard_state=HardState(1, 1, i + 3)))
+    st.compact(Snapshot(SnapshotMeta(36, 1, frozenset({1})), b"kmq-checkpoint:36"))
+    free = sorted(p.name for p in (tmp_path / "raft").iterdir() if p.name.startswith("wal-free."))
+    assert free
+    # Newer, shorter entries overwrite the start of freed files; their old tails stay.
+    for i in range(41, 61):
+        st.save(Ready(entries=(Entry(i, 2, EntryKind.NORMAL, b"new%d" % i),),
+                      hard_state=HardState(2, 1, i)))
+    assert st.recycled > 0
+    expect = [(e.index, e.term, e.data) for e in st.entries]
+    assert expect[-1] == (60, 2, b"new60")
+    for s in (st, reopen(st)):
+        assert [(e.index, e.term, e.data) for e in s.entries] == expect
+        assert s.hard_state == HardState(2, 1, 60)
+    # A crash right after a reused file got its header: nothing stale comes back either.
+    st = reopen(st)
+    st._roll()
+    st.close()
+    s = DiskStorage.open(tmp_path / "raft", roll_bytes=300)
+    assert [(e.index, e.term, e.data) for e in s.entries] == expect
+    s.save(Ready(entries=(Entry(61, 2, EntryKind.NORMAL, b"x"),)))
+    assert [e.index for e in reopen(s).entries][-2:] == [60, 61]
+
+
+def test_a_free_file_not_yet_renamed_is_ignored(tmp_path):
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=200)
+    for i in range(1, 31, 3):
+        st.save(Ready(entries=ents(i, i + 2), hard_state=HardState(1, 1, i + 2)))
+    st.compact(Snapshot(SnapshotMeta(30, 1, frozenset({1})), b"kmq-checkpoint:30"))
+    st.close()
+    s = DiskStorage.open(tmp_path / "raft", roll_bytes=200)
+    assert s.entries == [] and s.first_index == 31
+    assert s._free  # kept for reuse across restarts
