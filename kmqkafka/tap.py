@@ -62,9 +62,9 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
 
         # A node with peers replicates through Raft. A lone node keeps the local group-commit
         # proposer for now: the one-member Raft path writes every record twice (Raft log, then
-        # segments) with no overlap between apply and fsync and keeps only ~42% of the append
-        # throughput (issue 4 tracks closing that gap and
-        # then making the one-member cluster the only path, as DESIGN.md intends).
+        # segments) and reaches ~55% of its append throughput on bench/store_bench.py (issue 4
+        # tracks closing that gap and then making the one-member cluster the only path, as
+        # DESIGN.md intends).
         factory = raft_proposer_factory(settings, reactor) if settings.peers else None
         store = ChannelStore(settings.data_dir, reactor, registry=registry,
                              proposer_factory=factory)

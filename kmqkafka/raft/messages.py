@@ -20,7 +20,7 @@ __all__ = [
     "Append", "AppendResp", "ConfChange", "ConfChangeOp", "DecodeError", "Entry", "EntryKind",
     "Heartbeat", "HeartbeatResp", "InstallSnapshot", "InstallSnapshotResp", "Message", "MsgType",
     "Gather", "PreVote", "PreVoteResp", "Snapshot", "SnapshotMeta", "TimeoutNow", "Vote",
-    "VoteResp", "decode", "encode",
+    "VoteResp", "decode", "encode", "encode_parts",
 ]
 
 _VERSION = 1
@@ -305,9 +305,17 @@ class DecodeError(ValueError):
     """The bytes are not a valid message frame."""
 
 
-def encode(message: Message) -> bytes:
-    """Serialize ``message``; ``decode(encode(m)) == m``."""
-    out = bytearray(_HEAD.pack(_VERSION, message.type, message.frm, message.to, message.term))
+def encode_parts(message: Message) -> list[bytes]:
+    """``encode(message)`` as a list of ``bytes`` pieces whose concatenation is the frame.
+
+    Entry, context and snapshot data are referenced, never copied (a transport hands the
+    pieces to ``writeSequence``), so encoding an Append for several followers costs only its
+    small headers per follower."""
+    mtype = message.type
+    if mtype is MsgType.APPEND:
+        return _append_parts(message)  # type: ignore[arg-type]
+    parts: list[bytes] = []
+    out = bytearray(_HEAD.pack(_VERSION, mtype, message.frm, message.to, message.term))
     for name, kind in _LAYOUT[type(message)]:
         value = getattr(message, name)
         if kind == "q":
@@ -316,20 +324,62 @@ def encode(message: Message) -> bytes:
             out.append(1 if value else 0)
         elif kind == "s":
             out += _U32.pack(len(value))
-            out += value
+            if len(value) <= 64:
+                out += value
+            else:
+                parts.append(bytes(out))
+                parts.append(_as_bytes(value))
+                out = bytearray()
         elif kind == "e":
-            out += _U32.pack(len(value))
-            for e in value:
-                out += _ENTRY_HEAD.pack(e.index, e.term, e.kind, len(e.data))
-                out += e.data
+            raise AssertionError("entries only in Append")
         else:
             meta = value.meta
             out += _U64.pack(meta.index) + _U64.pack(meta.term) + _U32.pack(len(meta.voters))
             for v in sorted(meta.voters):
                 out += _U64.pack(v)
             out += _U64.pack(len(value.data))
-            out += value.data
-    return bytes(out)
+            parts.append(bytes(out))
+            parts.append(_as_bytes(value.data))
+            out = bytearray()
+    if out or not parts:
+        parts.append(bytes(out))
+    return parts
+
+
+def _as_bytes(data: object) -> bytes:
+    if type(data) is bytes:
+        return data  # type: ignore[return-value]
+    return bytes(data)  # type: ignore[call-overload]
+
+
+_APPEND_HEAD = struct.Struct(">BBQQQQQ")   # message head, prev_index, prev_term
+
+
+def _append_parts(m: "Append") -> list[bytes]:
+    entries = m.entries
+    head = _APPEND_HEAD.pack(_VERSION, MsgType.APPEND, m.frm, m.to, m.term, m.prev_index,
+                             m.prev_term) + _U32.pack(len(entries))
+    parts: list[bytes] = []
+    pack = _ENTRY_HEAD.pack
+    for e in entries:
+        data = e.data
+        if type(data) is not bytes:
+            data = bytes(data)
+        size = len(data)
+        if size <= 64:
+            head += pack(e.index, e.term, e.kind, size) + data
+        else:
+            parts.append(head + pack(e.index, e.term, e.kind, size))
+            parts.append(data)
+            head = b""
+    parts.append(head + _U64.pack(m.commit))
+    return parts
+
+
+def encode(message: Message) -> bytes:
+    """Serialize ``message``; ``decode(encode(m)) == m``."""
+    parts = encode_parts(message)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class _Reader:
@@ -351,8 +401,54 @@ class _Reader:
         return s.unpack(self.take(s.size))
 
 
-def decode(data: bytes) -> Message:
-    """Parse one frame produced by ``encode``; raises ``DecodeError`` on malformed input."""
+_ENTRY_KINDS = {k.value: k for k in EntryKind}
+
+
+def _decode_append(data: memoryview, frm: int, to: int, term: int) -> "Append":
+    """The Append fast path: one copy of each entry's data (into its own ``bytes``), and no
+    reference into ``data`` kept past the call."""
+    end = len(data)
+    if end < _APPEND_HEAD.size + 12:
+        raise DecodeError("truncated message")
+    prev_index, prev_term = struct.unpack_from(">QQ", data, _HEAD.size)
+    pos = _APPEND_HEAD.size
+    (count,) = _U32.unpack_from(data, pos)
+    pos += 4
+    entries = []
+    unpack = _ENTRY_HEAD.unpack_from
+    hsize = _ENTRY_HEAD.size
+    kinds = _ENTRY_KINDS
+    for _ in range(count):
+        if pos + hsize > end:
+            raise DecodeError("truncated message")
+        index, eterm, ekind, size = unpack(data, pos)
+        pos += hsize
+        if pos + size > end:
+            raise DecodeError("truncated message")
+        kind = kinds.get(ekind)
+        if kind is None:
+            raise DecodeError(f"{ekind} is not a valid EntryKind")
+        entries.append(Entry(index, eterm, kind, bytes(data[pos:pos + size])))
+        pos += size
+    if pos + 8 > end:
+        raise DecodeError("truncated message")
+    (commit,) = _U64.unpack_from(data, pos)
+    if pos + 8 != end:
+        raise DecodeError("trailing bytes after message")
+    return Append(frm, to, term, prev_index, prev_term, tuple(entries), commit)
+
+
+def decode(data: bytes | bytearray | memoryview) -> Message:
+    """Parse one frame produced by ``encode``; raises ``DecodeError`` on malformed input.
+
+    ``data`` may be a view into a caller's buffer: the message keeps no reference into it."""
+    if len(data) >= _HEAD.size and data[1] == MsgType.APPEND and data[0] == _VERSION:
+        _v, _t, frm, to, term = _HEAD.unpack_from(data)
+        view = memoryview(data)
+        try:
+            return _decode_append(view, frm, to, term)
+        finally:
+            view.release()
     r = _Reader(data)
     version, mtype, frm, to, term = r.unpack(_HEAD)
     if version != _VERSION:
