@@ -54,11 +54,13 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kmqkafka.raft.core import RaftNode, Ready, Role, SoftState
-from kmqkafka.raft.messages import Entry, InstallSnapshot, Message, Snapshot
+from kmqkafka.raft.messages import Append, Entry, Heartbeat, InstallSnapshot, Message, Snapshot
 
 __all__ = ["Application", "RaftDriver", "Transport"]
 
 log = Logger()
+
+_EARLY = (Append, Heartbeat)  # a leader sends these before its own save (see ``_process``)
 
 IORunner = Callable[..., Deferred]
 
@@ -284,12 +286,27 @@ class RaftDriver:
         if rd.soft_state is not None:
             self._app.on_soft_state(rd.soft_state)
             self._check_transfers()
+        late = rd.messages
+        if late and rd.entries and self.node.role is Role.LEADER:
+            # A leader's Appends and Heartbeats promise nothing about its own disk, so they go
+            # out now and the followers' fsyncs overlap the leader's (Raft thesis 10.2.1). The
+            # core counts the leader's own entries at once, so a follower's ack may move the
+            # commit index over entries this save still writes; that index leaves the core
+            # (applied entries, the commit field of messages) only with the next Ready, cut
+            # after this save returned (one Ready at a time), so nothing is applied or
+            # announced as committed before a quorum, the leader included, holds it on disk.
+            term = self.node.term
+            early = [m for m in late if type(m) in _EARLY and m.term == term]
+            if early:
+                late = [m for m in late if not (type(m) in _EARLY and m.term == term)]
+                self._transport.send(early)
         if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
             d = self._run_io(self.storage.save, rd)
         else:
             d = succeed(None)
         staged = self._stage(rd) if not d.called else 0
-        d.addCallback(self._persisted, rd, staged)
+        early_applied = self._apply_stable(rd) if not d.called and not staged else 0
+        d.addCallback(self._persisted, rd, staged, late, early_applied)
         d.addErrback(self._fatal)
 
     def _stage(self, rd: Ready) -> int:
@@ -312,14 +329,38 @@ class RaftDriver:
             stage(rd.committed_entries[:n])
         return n
 
-    def _persisted(self, _: object, rd: Ready, staged: int = 0) -> None:
-        if rd.messages:
-            self._transport.send(rd.messages)
+    def _apply_stable(self, rd: Ready) -> int:
+        """Several voters: apply the leading committed entries this node already holds on disk
+        (before this Ready's entries) while ``storage.save`` runs on the I/O thread. They are
+        committed and durable here, so their results may be answered at once; only entries
+        this save still writes wait for it. Returns how many were applied."""
+        committed = rd.committed_entries
+        if not committed or rd.snapshot is not None or len(self.node.voters) < 2:
+            return 0
+        if rd.entries:
+            limit = rd.entries[0].index
+            n = 0
+            for entry in committed:
+                if entry.index >= limit:
+                    break
+                n += 1
+        else:
+            n = len(committed)
+        apply = self._app.apply
+        for entry in committed[:n]:
+            apply(entry)
+        return n
+
+    def _persisted(self, _: object, rd: Ready, staged: int = 0,
+                   late: Sequence[Message] | None = None, early_applied: int = 0) -> None:
+        messages = rd.messages if late is None else late
+        if messages:
+            self._transport.send(messages)
         if rd.snapshot is not None:
             self._app.restore(rd.snapshot)
         if staged:
             self._app.publish()
-        for entry in rd.committed_entries[staged:]:
+        for entry in rd.committed_entries[max(staged, early_applied):]:
             self._app.apply(entry)
         self.node.advance(rd)
         self._busy = False

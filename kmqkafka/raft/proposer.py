@@ -417,12 +417,11 @@ class RaftProposer:
             return fail(StoreStopped("the raft log failed; this node takes no writes"))
         d: Deferred = Deferred()
         deadline = self._clock.seconds() + self._timeout
-        if self._solo:
-            # A one-member cluster's entries never cross the wire: keep the pieces (and the
-            # command itself, so applying needs no decode).
-            p = _Pending(d, _encode_parts(command), durable, deadline, command)
-        else:
-            p = _Pending(d, _encode(command), durable, deadline)
+        # Keep the pieces (an Append's batch uncopied): a one-member cluster's entries never
+        # cross the wire and apply from the command itself; elsewhere they are joined exactly
+        # once, into the entry (a group's pieces straight into the group entry, ``_wire``
+        # otherwise).
+        p = _Pending(d, _encode_parts(command), durable, deadline, command)
         self._live.append(p)
         if self._sweeper is None:
             self._sweeper = self._clock.callLater(self._sweep_s, self._sweep)

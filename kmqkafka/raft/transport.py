@@ -46,8 +46,9 @@ from twisted.logger import Logger
 from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
 
+from kmqkafka.net.protocol import _tune_socket
 from kmqkafka.raft.errors import NotLeaderError, TransportError
-from kmqkafka.raft.messages import DecodeError, Message, Snapshot, decode, encode
+from kmqkafka.raft.messages import DecodeError, Message, Snapshot, decode, encode_parts
 
 __all__ = ["RaftTransport"]
 
@@ -75,6 +76,13 @@ class _Link(protocol.Protocol):
         self.on_lost: Any = None
 
     def connectionMade(self) -> None:
+        # TCP_NODELAY: small frames (AppendResp, FORWARD_OK) must not wait for Nagle and the
+        # peer's delayed ACK, every produce with acks=all waits on a round trip of them. Large
+        # reads: a whole Append usually arrives in one chunk and is parsed without buffering.
+        try:
+            _tune_socket(self.transport)
+        except Exception:  # not a TCP socket (tests, other transports)
+            pass
         self.owner._link_made(self)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
@@ -85,45 +93,87 @@ class _Link(protocol.Protocol):
     def send(self, kind: int, payload: bytes = b"") -> None:
         self.transport.write(_HEAD.pack(len(payload) + 1, kind) + payload)
 
+    def send_parts(self, kind: int, parts: list[bytes]) -> None:
+        """One frame from ``bytes`` pieces, handed to ``writeSequence`` without joining them
+        (large pieces such as entry data are never copied here)."""
+        size = 1
+        for part in parts:
+            size += len(part)
+        head = _HEAD.pack(size, kind)
+        if len(parts) == 1:
+            self.transport.write(head + parts[0])
+        else:
+            self.transport.writeSequence([head + parts[0], *parts[1:]])
+
     def dataReceived(self, data: bytes) -> None:
         if self._raw_left:
             data = self._raw(data)
             if not data:
                 return
-        self._buf += data
-        while True:
-            avail = len(self._buf) - self._pos
-            if avail < _HEAD.size:
-                break
-            length, kind = _HEAD.unpack_from(self._buf, self._pos)
-            if length < 1 or length > self.owner.max_frame:
-                log.warn("raft link: bad frame length {n}; closing", n=length)
-                self.transport.loseConnection()
-                return
-            if avail < 4 + length:
-                break
-            start = self._pos + _HEAD.size
-            payload = bytes(self._buf[start:self._pos + 4 + length])
-            self._pos += 4 + length
-            if kind == SNAPSHOT_TAR:
-                self._raw_left = _U64.unpack(payload)[0]
-                rest = bytes(self._buf[self._pos:])
-                self._buf, self._pos = bytearray(), 0
-                self._raw_sink = self.on_tar.begin(self._raw_left) if self.on_tar else None
-                if self._raw_left == 0:
-                    self._finish_raw()
-                rest = self._raw(rest) if rest else b""
-                self._buf += rest
-                continue
+        buf = self._buf
+        pos = self._pos
+        if pos >= len(buf):
+            src: Any = data      # nothing buffered: parse straight from the chunk, no copy
+            pos = 0
+        else:
             try:
-                self.owner._frame(self, kind, payload)
-            except Exception:
-                log.failure("raft link: bad frame of kind {kind}; closing", kind=kind)
-                self.transport.loseConnection()
-                return
-        if self._pos > 65536 and self._pos * 2 > len(self._buf):
-            del self._buf[:self._pos]
+                buf += data
+            except BufferError:  # a view of an old frame is still alive somewhere
+                buf = self._buf = buf[pos:] + data
+                pos = 0
+            src = buf
+        end = len(src)
+        view = memoryview(src)
+        max_frame = self.owner.max_frame
+        frame = self.owner._frame
+        try:
+            while end - pos >= 5:
+                length, kind = _HEAD.unpack_from(src, pos)
+                if length < 1 or length > max_frame:
+                    log.warn("raft link: bad frame length {n}; closing", n=length)
+                    self.transport.loseConnection()
+                    return
+                nxt = pos + 4 + length
+                if nxt > end:
+                    break
+                if kind == SNAPSHOT_TAR:
+                    raw_left = _U64.unpack(view[pos + 5:nxt])[0]
+                    rest = bytes(view[nxt:])
+                    view.release()
+                    self._buf, self._pos = bytearray(), 0
+                    self._raw_left = raw_left
+                    self._raw_sink = self.on_tar.begin(raw_left) if self.on_tar else None
+                    if raw_left == 0:
+                        self._finish_raw()
+                    if rest:
+                        self.dataReceived(rest)
+                    return
+                try:
+                    # A view into the buffer: decoders copy what they keep (see ``decode``).
+                    frame(self, kind, view[pos + 5:nxt])
+                except Exception:
+                    log.failure("raft link: bad frame of kind {kind}; closing", kind=kind)
+                    self.transport.loseConnection()
+                    return
+                pos = nxt
+        finally:
+            view.release()
+        if src is data:
+            if pos < end:
+                self._buf = bytearray(data[pos:] if pos else data)
+            elif buf:
+                self._buf = bytearray()
             self._pos = 0
+        elif pos >= end:
+            self._buf, self._pos = bytearray(), 0
+        elif pos > 65536 and pos * 2 > end:
+            try:
+                del buf[:pos]
+            except BufferError:
+                self._buf = buf[pos:]
+            self._pos = 0
+        else:
+            self._pos = pos
 
     def _raw(self, data: bytes) -> bytes:
         take = min(self._raw_left, len(data))
@@ -279,7 +329,7 @@ class RaftTransport:
             if peer.link is None:
                 self._connect(peer)
                 continue
-            peer.link.send(RAFT, encode(m))
+            peer.link.send_parts(RAFT, encode_parts(m))
 
     def forward(self, to: int, data: bytes) -> Deferred:
         """Ask node ``to`` (the leader) to propose ``data``; fires with ``(index, term)``."""
@@ -294,7 +344,7 @@ class RaftTransport:
         timer = self._reactor.callLater(self._request_timeout, self._finish, rid,
                                         TransportError(f"node {to} did not answer"))
         self._requests[rid] = (d, to, timer)
-        peer.link.send(FORWARD, _U64.pack(rid) + data)
+        peer.link.send_parts(FORWARD, [_U64.pack(rid), bytes(data)])
         return d
 
     def _finish(self, rid: int, outcome: Any) -> None:
@@ -311,7 +361,9 @@ class RaftTransport:
 
     # ------------------------------------------------------------------ incoming frames
 
-    def _frame(self, link: _Link, kind: int, payload: bytes) -> None:
+    def _frame(self, link: _Link, kind: int, payload: bytes | memoryview) -> None:
+        """One frame; ``payload`` may be a view into the link's buffer, valid only during the
+        call (anything kept must be copied)."""
         if kind == RAFT:
             try:
                 message = decode(payload)
@@ -328,13 +380,13 @@ class RaftTransport:
             self._finish(rid, (index, term))
         elif kind == FORWARD_ERR:
             rid, hint = _U64x2.unpack_from(payload)
-            self._finish(rid, NotLeaderError(payload[16:].decode("utf-8", "replace"),
+            self._finish(rid, NotLeaderError(bytes(payload[16:]).decode("utf-8", "replace"),
                                              hint or None))
         elif kind == SNAPSHOT_GET:
             self._serve_snapshot(link, _U64.unpack(payload)[0])
         elif kind == SNAPSHOT_ERR:
             if link.on_tar is not None:
-                link.on_tar.error(payload.decode("utf-8", "replace"))
+                link.on_tar.error(bytes(payload).decode("utf-8", "replace"))
         else:
             raise ValueError(f"unknown frame kind {kind}")
 
