@@ -185,3 +185,17 @@ def test_keyed_compare_and_set_applies_a_batch_only_when_the_key_matches(tmp_pat
     update = c.KeyedPut("config", ((b"topic:t", b"v3"),), 0, expect=((b"topic:t", b"v1"),))
     result_of(store.propose(update), clock)
     assert store.keyed_get("config", b"topic:t") == b"v3"
+
+
+def test_keyed_compare_and_set_is_idempotent_for_its_own_replay(tmp_path, clock):
+    """Replaying a catalog write after a crash (its value already there) must still apply
+    the rest of its batch: coordinator logs are not cut back to the applied checkpoint."""
+    from kmqkafka.store import commands as c
+
+    store = open_store(tmp_path, clock)
+    create = c.Batch((c.KeyedPut("config", ((b"topic:t", b"v1"),), 0, expect=((b"topic:t", None),)),
+                      c.CreateChannel("kafka.t", exist_ok=True)))
+    result_of(store.propose(create), clock)
+    result_of(store.propose(c.DeleteChannel("kafka.t")), clock)  # as if cut back by recovery
+    result_of(store.propose(create), clock)
+    assert store.exists("kafka.t")
