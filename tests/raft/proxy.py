@@ -244,6 +244,20 @@ class ProxiedCluster:
     def __init__(self, root: Path, ids: Iterable[int] = (1, 2, 3), *, proxied: bool = True,
                  tick_ms: int = 50, election_ticks: int = 10,
                  extra_env: dict[str, str] | None = None) -> None:
+        # Ports are picked free and bound later, so another process (or a proxy's own
+        # ephemeral port) can take one in between: start again on fresh ports when that
+        # happens, a bounded number of times.
+        for attempt in range(3):
+            try:
+                self._start(root / f"try{attempt}" if attempt else root, ids, proxied, tick_ms,
+                            election_ticks, extra_env)
+                return
+            except AssertionError as exc:
+                if "Address already in use" not in str(exc) or attempt == 2:
+                    raise
+
+    def _start(self, root: Path, ids: Iterable[int], proxied: bool, tick_ms: int,
+               election_ticks: int, extra_env: dict[str, str] | None) -> None:
         from tests.conftest import _wait_healthy, free_port, start_broker
 
         self.ids = tuple(ids)
