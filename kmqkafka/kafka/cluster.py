@@ -1,8 +1,9 @@
 """Cluster views: DescribeCluster (60), DescribeTopicPartitions (75), DescribeLogDirs (35).
 
-Every Raft member is a broker and a replica of every partition; the Raft leader is the
-controller and the leader of every partition (a lone node is all of these; no known leader:
-controller -1, partitions LEADER_NOT_AVAILABLE). There is no authorizer yet, so authorized-operation
+Every live Raft member is a broker (``identity.brokers``), every member a replica of every
+partition (the live ones in sync, the others offline); the Raft leader is the controller and
+the leader of every partition (a lone node is all of these; no known leader: controller -1,
+partitions LEADER_NOT_AVAILABLE). There is no authorizer yet, so authorized-operation
 bitfields, when asked for, list every operation Kafka defines for the resource.
 """
 
@@ -48,7 +49,7 @@ def _catalog(ctx: RequestContext) -> TopicCatalog:
 
 
 def describe_cluster(request: Any, ctx: RequestContext) -> Any:
-    """Every node as a broker, the Raft leader as controller (-1 while unknown)."""
+    """Every live node as a broker, the Raft leader as controller (-1 while unknown)."""
     t = types_of(ctx)
     endpoint_type = getattr(request, "endpoint_type", ENDPOINT_BROKERS)
     if endpoint_type != ENDPOINT_BROKERS:
@@ -100,7 +101,7 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
             start_index = cursor.partition_index
     budget = max(1, min(request.response_partition_limit, MAX_PARTITION_LIMIT))
     leader = identity.leader(ctx.broker)
-    replicas = tuple(node for node, _h, _p in identity.brokers(ctx.broker, ctx.listener))
+    replicas = identity.replicas(ctx.broker, identity.brokers(ctx.broker, ctx.listener))
     out = []
     next_cursor = None
     for i, name in enumerate(names):
@@ -126,14 +127,16 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
 
 
 def _topic_entry(t: Any, topic: Topic, indexes: range, leader: int | None,
-                 replicas: tuple[int, ...]) -> Any:
+                 replicas: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]) -> Any:
+    """``replicas``: ``(replicas, isr, offline)`` from ``identity.replicas``."""
     code = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
+    everyone, isr, offline = replicas
     partitions = tuple(
         make(t.DescribeTopicPartitionsResponsePartition, error_code=code,
              partition_index=p, leader_id=leader if leader is not None else -1, leader_epoch=0,
-             replica_nodes=replicas, isr_nodes=replicas, eligible_leader_replicas=(),
+             replica_nodes=everyone, isr_nodes=isr, eligible_leader_replicas=(),
              last_known_elr=(),
-             offline_replicas=())
+             offline_replicas=offline)
         for p in indexes
     )
     return make(t.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.none,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from pathlib import Path
+from typing import Any
 
 from kmqkafka.kafka.context import Broker
 from kmqkafka.store.fsutil import write_atomic
@@ -71,28 +72,60 @@ def clustered(broker: Broker) -> bool:
     return len(members(broker)) > 1
 
 
+def live_members(broker: Broker) -> list:
+    """The members to list as brokers, by node id: this node, the Raft leader (clients must
+    reach the partition leader and coordinator), and every peer the Raft transport has a
+    working link to (``RaftTransport.live_peers`` within one election timeout). Apache Kafka
+    lists only live brokers, and clients such as kafka-python fail rather than retry when
+    they pick a dead one. Without a transport (a lone node, tests) every member is listed."""
+    ms = members(broker)
+    transport = getattr(_proposer(broker), "transport", None)
+    if len(ms) <= 1 or transport is None:
+        return ms
+    s = broker.settings
+    live = transport.live_peers(s.raft_tick_ms * s.raft_election_ticks / 1000)
+    live.add(node_id(broker))
+    lead = leader(broker)
+    if lead is not None:
+        live.add(lead)
+    return [m for m in ms if m.node_id in live]
+
+
+def _endpoint(broker: Broker, m: Any, listener: str) -> tuple[int, str, int]:
+    """``(node_id, host, port)`` of member ``m``: this node's own advertised endpoint, the
+    others' from ``--peers`` (on SSL the others are assumed to use this node's TLS port:
+    peers carry one Kafka endpoint)."""
+    if m.node_id == node_id(broker):
+        return (m.node_id, *advertised(broker, listener))
+    if listener == "SSL":
+        return m.node_id, m.kafka_host, broker.settings.kafka_tls_port
+    return m.node_id, m.kafka_host, m.kafka_port
+
+
 def brokers(broker: Broker, listener: str) -> list[tuple[int, str, int]]:
-    """``(node_id, host, port)`` of every node for ``listener``: this node's own advertised
-    endpoint, the others' from ``--peers`` (on SSL the others are assumed to use this node's
-    TLS port: peers carry one Kafka endpoint)."""
-    me = node_id(broker)
-    own = advertised(broker, listener)
-    out = []
-    for m in members(broker):
-        if m.node_id == me:
-            out.append((me, *own))
-        elif listener == "SSL":
-            out.append((m.node_id, m.kafka_host, broker.settings.kafka_tls_port))
-        else:
-            out.append((m.node_id, m.kafka_host, m.kafka_port))
-    return out or [(me, *own)]
+    """``(node_id, host, port)`` of every live node (``live_members``) for ``listener``."""
+    out = [_endpoint(broker, m, listener) for m in live_members(broker)]
+    return out or [(node_id(broker), *advertised(broker, listener))]
+
+
+def replicas(broker: Broker, listed: list[tuple[int, str, int]],
+             ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """``(replicas, isr, offline)`` of every partition, given the ``brokers`` listed in the
+    same response: every member is a replica (Kafka keeps offline replicas in the list), the
+    listed ones are in sync, the rest are offline."""
+    everyone = tuple(m.node_id for m in members(broker)) or (node_id(broker),)
+    live = {node for node, _host, _port in listed}
+    return (everyone, tuple(i for i in everyone if i in live),
+            tuple(i for i in everyone if i not in live))
 
 
 def endpoint(broker: Broker, node: int, listener: str) -> tuple[str, int] | None:
-    for i, host, port in brokers(broker, listener):
-        if i == node:
-            return host, port
-    return None
+    """Where clients reach ``node``, live or not (a follower may name the new leader as
+    coordinator before its own link to it is up)."""
+    for m in members(broker):
+        if m.node_id == node:
+            return _endpoint(broker, m, listener)[1:]
+    return advertised(broker, listener) if node == node_id(broker) else None
 
 
 def leader(broker: Broker) -> int | None:

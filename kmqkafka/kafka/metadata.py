@@ -3,9 +3,11 @@
 Topics are auto-created here when the client allows it and the broker's
 ``CONNECTORS_KAFKA_AUTO_CREATE_TOPICS`` is on; the response waits for the
 creation to be durable so the client sees a usable topic on its first try.
-Brokers are every Raft member with its advertised Kafka endpoint (this node alone on a lone
-broker). The leader of every partition, and the controller, is the Raft leader, with the Raft
-term as leader epoch; replicas and ISR are all members. A node that knows no leader answers
+Brokers are the live Raft members with their advertised Kafka endpoints (``identity.brokers``:
+this node, the leader and the peers it has a working Raft link to; this node alone on a lone
+broker), as Apache Kafka lists only live brokers. The leader of every partition, and the
+controller, is the Raft leader; replicas are all members, the ISR the listed ones, and the
+others are offline replicas (v5+). A node that knows no leader answers
 LEADER_NOT_AVAILABLE for each partition (leader -1) and controller -1. Topics and partition
 counts come from this node's applied state, so a follower may be behind but never ahead.
 """
@@ -82,7 +84,7 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
     brokers = identity.brokers(ctx.broker, ctx.listener)
     leader = identity.leader(ctx.broker)
     epoch = 0  # see the module docstring
-    replicas = tuple(node for node, _h, _p in brokers)
+    replicas, isr, offline = identity.replicas(ctx.broker, brokers)
     part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     out = []
     for name, topic, error in resolved:
@@ -94,7 +96,7 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
         partitions = tuple(
             make(t.MetadataResponsePartition, error_code=part_error, partition_index=p,
                  leader_id=leader if leader is not None else -1, leader_epoch=epoch,
-                 replica_nodes=replicas, isr_nodes=replicas, offline_replicas=())
+                 replica_nodes=replicas, isr_nodes=isr, offline_replicas=offline)
             for p in range(topic.partitions)
         )
         out.append(make(t.MetadataResponseTopic, error_code=ErrorCode.none, name=topic.name,

@@ -257,6 +257,12 @@ class RaftProposer:
     # ------------------------------------------------------------------ lifecycle
 
     @property
+    def transport(self) -> Any:
+        """The Raft transport (None for a one-member cluster): Kafka's Metadata asks it which
+        peers are live."""
+        return self._transport
+
+    @property
     def flush_count(self) -> int:
         return self._commit.flush_count
 

@@ -7,6 +7,9 @@ and requests on its *outgoing* connection; replies come back on the same connect
 peer is unreachable its messages are dropped (Raft retransmits) and requests fail at once with
 ``TransportError``.
 
+Liveness (``live_peers``): a peer counts as live while this node's outgoing link to it is up
+or a Raft message from it arrived recently; Kafka's Metadata lists only live nodes.
+
 Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting kind + payload::
 
     1 RAFT          kmqkafka.raft.messages.encode(message)
@@ -234,6 +237,7 @@ class RaftTransport:
         self._next_id = 1
         self._requests: dict[int, tuple[Deferred, int, IDelayedCall]] = {}
         self._incoming: set[_Link] = set()
+        self._heard: dict[int, float] = {}  # peer -> reactor time of its latest Raft message
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -263,6 +267,16 @@ class RaftTransport:
             self._finish(rid, TransportError("transport stopped"))
         port, self._port = self._port, None
         return maybeDeferred(port.stopListening) if port is not None else succeed(None)
+
+    def live_peers(self, within_s: float) -> set[int]:
+        """Peers with a working link: this node's outgoing link to it is up, or a Raft
+        message from it arrived in the last ``within_s`` seconds. The second covers the
+        direction we do not dial (a leader hears its followers on their links) and bridges a
+        reconnect; a killed peer drops out as soon as both go quiet."""
+        live = {i for i, peer in self._peers.items() if peer.link is not None}
+        since = self._reactor.seconds() - within_s
+        live.update(i for i, at in self._heard.items() if at >= since)
+        return live
 
     # ------------------------------------------------------------------ outgoing
 
@@ -370,6 +384,8 @@ class RaftTransport:
             except DecodeError as e:
                 log.warn("raft link: undecodable message: {e}", e=e)
                 return
+            if message.frm in self._peers:
+                self._heard[message.frm] = self._reactor.seconds()
             if self._receiver is not None:
                 self._receiver.receive(message)
         elif kind == FORWARD:

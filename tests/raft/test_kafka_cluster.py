@@ -1,8 +1,9 @@
-"""Kafka on a real 3-process cluster (127.0.0.1): metadata lists every node with the Raft leader
-as partition leader and controller; produce, admin and group calls reaching a follower are
-answered correctly (the store forwards commands, group/offset requests are relayed to the leader,
-which coordinates every group); a consumer group survives a kill -9 of the leader; after the old
-leader restarts every node serves the same records at the same offsets.
+"""Kafka on a real 3-process cluster (127.0.0.1): metadata lists every live node with the Raft
+leader as partition leader and controller, and drops a killed node until it restarts; produce,
+admin and group calls reaching a follower are answered correctly (the store forwards commands,
+group/offset requests are relayed to the leader, which coordinates every group); a consumer
+group survives a kill -9 of the leader; after the old leader restarts every node serves the
+same records at the same offsets.
 
 One cluster for the module: the tests run in file order and the last one kills the leader.
 """
@@ -22,8 +23,8 @@ from tests.raft.test_cluster import wait_leader
 from tests.rawkafka import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+import confluent_kafka.admin  # noqa: E402
 kafka = pytest.importorskip("kafka")
-import kafka.errors  # noqa: E402
 
 from kio.schema.consumer_protocol_subscription.v1.data import (  # noqa: E402
     ConsumerProtocolSubscription,
@@ -333,6 +334,47 @@ def test_group_calls_to_a_follower_are_relayed_to_the_leader(cluster: Cluster):
             assert [m.member_id for m in d.groups[0].members] == [first.member_id]
 
 
+# --- only live nodes are brokers ---------------------------------------------------------
+
+
+def lists_only(port: int, live: set[int], topic: str) -> bool:
+    """Metadata v12 from the node on ``port`` lists exactly ``live`` as brokers (and as ISR),
+    keeps every member as a replica and names the others offline."""
+    r = metadata(port, (topic,))
+    part = r.topics[0].partitions[0]
+    assert {b.node_id for b in r.brokers} == live, r.brokers
+    assert sorted(part.replica_nodes) == list(IDS)
+    assert sorted(part.isr_nodes) == sorted(live)
+    assert sorted(part.offline_replicas) == sorted(set(IDS) - live)
+    return True
+
+
+def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
+    """Apache Kafka lists only live brokers: clients must not be sent to a dead node. Killing a
+    follower also checks the follower-to-follower view (no Raft traffic between them, only
+    the link)."""
+    topic = "alive"
+    produce_confluent(cluster.all(), topic, [b"x"])
+    leader = cluster.leader()
+    victim = cluster.follower()
+    survivors = set(IDS) - {victim}
+    cluster.brokers[victim].kill()
+    for i in survivors:
+        wait_for(lambda: lists_only(cluster.kafka_ports[i], survivors, topic), timeout=10,
+                 what=f"node {i} drops node {victim}")
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.bootstrap(*survivors)})
+    md = admin.list_topics(topic, timeout=10)
+    assert set(md.brokers) == survivors
+    assert md.controller_id == leader
+    assert sorted(md.topics[topic].partitions[0].replicas) == list(IDS)
+    assert sorted(md.topics[topic].partitions[0].isrs) == sorted(survivors)
+
+    cluster.brokers[victim].restart()
+    for i in IDS:
+        wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), topic),
+                 what=f"node {i} lists node {victim} again")
+
+
 # --- consumer group across a leader failover, then every node agrees -------------------
 
 
@@ -370,29 +412,28 @@ def test_group_resumes_from_committed_offsets_after_the_leader_is_killed(cluster
     assert produce_confluent(cluster.bootstrap(follower), topic, more) == list(range(100, 130))
     values += more
 
+    # The survivors stop listing the killed node, so clients never pick it (kafka-python 3
+    # raises, instead of retrying elsewhere, when FindCoordinator goes to a dead broker).
+    survivors = set(IDS) - {old_leader}
+    for i in survivors:
+        wait_for(lambda: lists_only(cluster.kafka_ports[i], survivors, topic), timeout=10,
+                 what=f"node {i} drops node {old_leader}")
+
     # A kafka-python consumer of the same group, bootstrapped via the surviving follower.
-    # Metadata still lists the killed node, and kafka-python 3 raises (instead of retrying
-    # elsewhere) when it happens to send FindCoordinator there: start it again, a bounded
-    # number of times (nothing is committed before it has read everything).
-    for attempt in range(3):
-        k = kafka.KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap(follower),
-                                group_id=group, enable_auto_commit=False,
-                                auto_offset_reset="earliest", consumer_timeout_ms=20000,
-                                session_timeout_ms=10000, heartbeat_interval_ms=1000)
-        resumed: list[tuple[int, bytes]] = []
-        try:
-            for m in k:
-                resumed.append((m.offset, m.value))
-                if len(resumed) == 70:
-                    break
-            k.commit()
-            committed = k.committed(kafka.TopicPartition(topic, 0))
-            break
-        except kafka.errors.KafkaConnectionError:
-            if attempt == 2:
-                raise
-        finally:
-            k.close()
+    k = kafka.KafkaConsumer(topic, bootstrap_servers=cluster.bootstrap(follower),
+                            group_id=group, enable_auto_commit=False,
+                            auto_offset_reset="earliest", consumer_timeout_ms=20000,
+                            session_timeout_ms=10000, heartbeat_interval_ms=1000)
+    resumed: list[tuple[int, bytes]] = []
+    try:
+        for m in k:
+            resumed.append((m.offset, m.value))
+            if len(resumed) == 70:
+                break
+        k.commit()
+        committed = k.committed(kafka.TopicPartition(topic, 0))
+    finally:
+        k.close()
     assert resumed == [(o, values[o]) for o in range(60, 130)]  # nothing skipped or repeated
     assert committed == 130
 
@@ -400,6 +441,8 @@ def test_group_resumes_from_committed_offsets_after_the_leader_is_killed(cluster
     assert new_leader != old_leader
     for i in IDS:
         assert fetch_all(cluster.kafka_ports[i], topic, 130) == list(enumerate(values)), i
-    for i in IDS:  # the restarted node agrees on metadata too
+    for i in IDS:  # the restarted node agrees on metadata too, and is listed again
         wait_for(lambda: metadata(cluster.kafka_ports[i], (topic,)).topics[0].partitions[0]
                  .leader_id == new_leader, what=f"node {i} names leader {new_leader}")
+        wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), topic),
+                 what=f"node {i} lists node {old_leader} again")

@@ -1,0 +1,106 @@
+"""Which Raft members Kafka lists as brokers: the transport's view of live peers (outgoing link
+up, or a Raft message heard within the window) and ``identity``'s rule on top of it (this node
+and the known leader always, the rest only when live; replicas stay all members)."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry
+from twisted.internet.error import ConnectionLost
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+
+from kmqkafka.config import Settings
+from kmqkafka.kafka import identity
+from kmqkafka.kafka.context import Broker
+from kmqkafka.metrics import Metrics
+from kmqkafka.raft.messages import HeartbeatResp, encode
+from kmqkafka.raft.proposer import Member
+from kmqkafka.raft.transport import RAFT, RaftTransport, _HEAD
+
+PEERS = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002), 3: ("127.0.0.1", 1003)}
+
+
+def started_transport() -> tuple[RaftTransport, MemoryReactorClock]:
+    reactor = MemoryReactorClock()
+    t = RaftTransport(1, PEERS[1], PEERS, reactor, random.Random(0), run_io=None)
+    t.start(SimpleNamespace(receive=lambda m: None))
+    return t, reactor
+
+
+def dial(reactor: MemoryReactorClock, port: int) -> object:
+    """Complete the transport's pending outgoing connection to ``port``; the link."""
+    factory = next(f for _h, p, f, *_ in reactor.tcpClients if p == port)
+    link = factory.buildProtocol(None)
+    link.makeConnection(StringTransport())
+    return link
+
+
+def test_a_peer_is_live_while_the_outgoing_link_to_it_is_up():
+    t, reactor = started_transport()
+    assert t.live_peers(1.0) == set()
+    link = dial(reactor, 1002)
+    assert t.live_peers(1.0) == {2}
+    link.connectionLost(Failure(ConnectionLost()))  # kill -9: the kernel closes the socket
+    assert t.live_peers(1.0) == set()
+
+
+def test_a_peer_heard_on_its_own_link_is_live_for_the_window():
+    """Raft messages arrive on the sender's own link (our incoming one): hearing a peer
+    there keeps it live even while our dial to it is down, until it has been quiet for the
+    window."""
+    t, reactor = started_transport()
+    server_factory = reactor.tcpServers[0][1]
+    incoming = server_factory.buildProtocol(None)
+    incoming.makeConnection(StringTransport())
+    payload = encode(HeartbeatResp(frm=3, to=1, term=1))
+    incoming.dataReceived(_HEAD.pack(len(payload) + 1, RAFT) + payload)
+    assert t.live_peers(1.0) == {3}
+    reactor.advance(0.9)
+    assert t.live_peers(1.0) == {3}
+    reactor.advance(0.2)
+    assert t.live_peers(1.0) == set()  # quiet for longer than the window
+
+
+class _Store:
+    def __init__(self, leader: int | None, linked: set[int] | None) -> None:
+        ms = {i: Member(i, "127.0.0.1", 1000 + i, "127.0.0.1", 9000 + i) for i in (1, 2, 3)}
+        transport = (None if linked is None
+                     else SimpleNamespace(live_peers=lambda s: set(linked)))
+        self.proposer = SimpleNamespace(member_list=lambda: [ms[i] for i in sorted(ms)],
+                                        transport=transport)
+        self.leader = leader
+
+    def leader_id(self) -> int | None:
+        return self.leader
+
+
+def make_broker(leader: int | None, linked: set[int] | None) -> Broker:
+    broker = Broker(settings=Settings(node_id=1), reactor=MemoryReactorClock(),
+                    metrics=Metrics(CollectorRegistry()), store=_Store(leader, linked))
+    return broker
+
+
+def listed(broker: Broker) -> list[int]:
+    return [node for node, _h, _p in identity.brokers(broker, "PLAINTEXT")]
+
+
+def test_only_this_node_the_leader_and_linked_peers_are_listed():
+    assert listed(make_broker(leader=None, linked=set())) == [1]
+    assert listed(make_broker(leader=3, linked=set())) == [1, 3]  # leader even when unlinked
+    assert listed(make_broker(leader=1, linked={2})) == [1, 2]
+    assert listed(make_broker(leader=2, linked={2, 3})) == [1, 2, 3]
+
+
+def test_replicas_stay_every_member_and_the_unlisted_are_offline():
+    broker = make_broker(leader=1, linked={3})
+    assert identity.replicas(broker, identity.brokers(broker, "PLAINTEXT")) == (
+        (1, 2, 3), (1, 3), (2,))
+    assert identity.endpoint(broker, 2, "PLAINTEXT") == ("127.0.0.1", 9002)  # still reachable
+
+
+def test_without_a_transport_every_member_is_listed_and_the_cluster_id_ignores_liveness():
+    assert listed(make_broker(leader=None, linked=None)) == [1, 2, 3]
+    assert (identity.cluster_id(make_broker(leader=1, linked=set()))
+            == identity.cluster_id(make_broker(leader=1, linked={2, 3})))
