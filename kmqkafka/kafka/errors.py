@@ -36,6 +36,10 @@ def error_code_for(exc: BaseException) -> ErrorCode:
         return ErrorCode.topic_already_exists
     if isinstance(exc, (store_errors.ReservedChannel, store_errors.InvalidChannelName)):
         return ErrorCode.invalid_topic_exception
+    if isinstance(exc, store_errors.OutOfOrderSequence):
+        return ErrorCode.out_of_order_sequence_number
+    if isinstance(exc, store_errors.InvalidProducerEpoch):
+        return ErrorCode.invalid_producer_epoch
     from kmqkafka.raft import errors as raft_errors
 
     if isinstance(exc, (raft_errors.NoLeaderError, raft_errors.NotLeaderError)):

@@ -12,6 +12,13 @@ consumers skip epoch validation); Kafka stamps its epoch there, which would cost
 Topics with ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit,
 max timestamp = broker time, new CRC) in a copy of the batch.
 
+Idempotent producers (a batch with a producer id): the batch must carry a base sequence >= 0
+(else INVALID_RECORD); its sequence and epoch are checked by the store when the append is
+applied (store/producer_state.py), so the answer is decided in log order on every node:
+OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, or, for a retry of one of the producer's
+last five batches, NONE with the original's base offset and nothing stored again (Kafka also
+reports the original's max timestamp as the log append time then).
+
 acks: 0 → no response; 1 → answered once the batches are in the page cache; -1 → once fsynced
 (group commit); anything else → INVALID_REQUIRED_ACKS on every partition.
 
@@ -48,6 +55,9 @@ _MAX_TS = struct.Struct(">q")
 _ATTRS = struct.Struct(">h")
 _CRC = struct.Struct(">I")
 _UTC = datetime.timezone.utc
+
+# Store refusals whose message tells the client why (the producer's sequence or epoch).
+_EXPLAINED = frozenset({ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch})
 
 # One partition's answer: (index, error, base offset, log start offset, append time ms, message).
 _Answer = tuple[int, ErrorCode, int, int, int, "str | None"]
@@ -198,6 +208,10 @@ def _check(blob: bytes | None, limit: int) -> list[tuple[int, int]]:
             raise KafkaError(ErrorCode.corrupt_message, str(exc)) from None
         if header.attributes & records.CONTROL_FLAG:
             raise KafkaError(ErrorCode.invalid_record, "clients may not produce control batches")
+        if header.producer_id >= 0 and header.base_sequence < 0:
+            raise KafkaError(ErrorCode.invalid_record,
+                             f"Invalid sequence number {header.base_sequence} in record batch "
+                             f"with producerId {header.producer_id}")
         out.append((pos, header.size))
         pos += header.size
     return out
@@ -217,6 +231,8 @@ def _stamp(blob: bytes, pos: int, size: int, now_ms: int) -> bytes:
 
 def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:
     b = store.bounds(channel)
+    if result.duplicate:
+        now_ms = result.max_timestamp  # as Kafka answers a duplicate (UnifiedLog.append)
     return (index, ErrorCode.none, result.first_sequence - 1, b.log_start - 1, now_ms, None)
 
 
@@ -228,7 +244,8 @@ def _append_failed(failure: Any, index: int, channel: str) -> _Answer:
     code = error_code_for(exc)
     if code is ErrorCode.unknown_server_error:
         log.failure("append to {channel} failed", failure, channel=channel)
-    return (index, code, -1, -1, -1, None)
+    message = str(exc) if code in _EXPLAINED else None
+    return (index, code, -1, -1, -1, message)
 
 
 def _respond(per_topic: list[list[_Answer]], keys: list[Any], ctx: RequestContext) -> Any:

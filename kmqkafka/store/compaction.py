@@ -12,7 +12,10 @@ maxTimestamp is older than ``now - delete_retention_ms``; control batches are ke
 untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
 offset, codec, attributes, producer id/epoch, base sequence and leader epoch, with
 offset deltas that leave gaps. A batch left without records disappears; a segment
-may become an empty file (it is kept so log_start never moves). Output files are
+may become an empty file (it is kept so log_start never moves). Batches of idempotent
+producers at or above the plan's ``producer_floor`` are kept untouched: restart rebuilds the
+producer state from their headers (producer_state.py), which must not change under it; they
+are cleaned once the floor has passed them. Output files are
 ``{base:020d}.log.cleaned`` plus ``.index.cleaned`` / ``.timeindex.cleaned``.
 """
 
@@ -84,6 +87,9 @@ class CompactionPlan:
     now_ms: int
     delete_retention_ms: int
     interval: int
+    # Batches with a producer id whose last Sequence is at or above this stay as they are
+    # (None: no channel producer state to protect).
+    producer_floor: int | None = None
 
     def run(self) -> CompactionResult:
         """Build the key map, rewrite the segments that change, fsync the output."""
@@ -127,6 +133,7 @@ class CompactionPlan:
         self, src: SegmentSource, latest: dict[bytes, int], horizon: int
     ) -> tuple[CleanedSegment | None, int]:
         builder = IndexBuilder(self.interval)
+        floor = self.producer_floor
         log_path = self.directory / (segment_name(src.base, LOG_SUFFIX) + CLEANED_SUFFIX)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         changed = False
@@ -137,7 +144,10 @@ class CompactionPlan:
             for _pos, batch in iter_file_batches(src.fd, src.size):
                 header = records.read_header(batch)
                 keep: bytes | memoryview
-                if header.is_control:
+                if header.is_control or (
+                    floor is not None and header.producer_id >= 0
+                    and header.base_offset + 1 + header.last_offset_delta >= floor
+                ):
                     keep = batch
                 else:
                     recs = list(records.iter_records(batch))

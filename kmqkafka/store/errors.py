@@ -49,3 +49,13 @@ class StoreStopped(StoreError):
 
 class KeyConflict(StoreError):
     """A compare-and-set on a coordinator key found a different value than expected."""
+
+
+class OutOfOrderSequence(StoreError):
+    """An idempotent producer's batch does not follow its previous one (Kafka's
+    OUT_OF_ORDER_SEQUENCE_NUMBER); nothing is stored."""
+
+
+class InvalidProducerEpoch(StoreError):
+    """An idempotent producer's batch carries an epoch older than its latest one (Kafka's
+    INVALID_PRODUCER_EPOCH); nothing is stored."""

@@ -15,6 +15,10 @@ retention (the tiny checkpoint). Durability comes from group commit::
 
 Readers see ``durable_sequence`` as the high watermark. Time is always passed
 in (``now_ms``); nothing here reads a clock.
+
+Opened with a ``producer_window`` (Events Store channels), a log also keeps its partition's
+idempotent-producer state (``producer_state.py``): ``append`` checks batches that carry a
+producer id, and ``open`` rebuilds the state from the headers of the log's tail.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from kmqkafka.store import fsutil
 from kmqkafka.store.compaction import CompactionPlan, CompactionResult, SegmentSource
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore, OffsetOutOfRange
+from kmqkafka.store.producer_state import BatchMetadata, ProducerState, last_seq_of
 from kmqkafka.store.segment import (
     BATCH_SPAN,
     CLEANED_SUFFIX,
@@ -41,6 +46,7 @@ from kmqkafka.store.segment import (
     TIME_INDEX_SUFFIX,
     Segment,
     iter_file_batches,
+    iter_producer_headers,
     parse_base,
     scan_log,
     write_all,
@@ -99,10 +105,13 @@ class FlushToken:
 class ChannelLog:
     """Append-only log of RecordBatch v2 batches; batch baseOffset = first Sequence - 1."""
 
-    def __init__(self, directory: Path, config: LogConfig) -> None:
+    def __init__(self, directory: Path, config: LogConfig, producer_window: int = 0) -> None:
         """Use ``ChannelLog.open``."""
         self._dir = directory
         self._config = config
+        self._producer_window = producer_window
+        # Idempotent-producer state (producer_state.py); None: batches are stored unchecked.
+        self.producers: ProducerState | None = ProducerState() if producer_window > 0 else None
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._log_start = 1
@@ -139,6 +148,12 @@ class ChannelLog:
     def config(self) -> LogConfig:
         return self._config
 
+    @property
+    def producer_floor(self) -> int:
+        """Lowest last-Sequence of a batch through which a producer is still known (see
+        producer_state.py): ``max(log_start, next_sequence - producer_window)``."""
+        return max(self._log_start, self._next - self._producer_window)
+
     def set_config(self, config: LogConfig) -> None:
         """New settings apply from the next append/roll/retention pass."""
         self._config = config
@@ -158,16 +173,23 @@ class ChannelLog:
     # --- open and recovery --------------------------------------------------------
 
     @classmethod
-    def open(cls, directory: Path, config: LogConfig, now_ms: int) -> "ChannelLog":
+    def open(cls, directory: Path, config: LogConfig, now_ms: int, *,
+             producer_window: int = 0) -> "ChannelLog":
         """Open (creating if needed) and recover a channel directory; blocking, start-up only.
 
         Recovery scans every segment that has no trustworthy index (always the last)
         batch by batch with CRC checks and truncates at the first torn or corrupt batch;
         segments after a truncated one are deleted so Sequences stay dense.
+
+        ``producer_window`` > 0 (Events Store channels: ``producer_state.WINDOW``) turns on the
+        idempotent-producer checks in ``append``; the state is then rebuilt from the log's tail
+        (``_rebuild_producers``). Every node of a cluster must use the same window.
         """
         directory.mkdir(parents=True, exist_ok=True)
-        log = cls(directory, config)
+        log = cls(directory, config, producer_window)
         log._recover(now_ms)
+        if log.producers is not None:
+            log._rebuild_producers()
         return log
 
     def _recover(self, now_ms: int) -> None:
@@ -239,6 +261,36 @@ class ChannelLog:
         self._durable = self._next
         self._log_start = min(max(checkpoint, self._segments[0].base), self._next)
 
+    def _rebuild_producers(self) -> None:
+        """Fold the headers of every batch above the producer floor into ``producers``.
+
+        Start-up only (after recovery), blocking. This yields exactly the state the checks
+        would hold had the node never stopped (producer_state.py), so a retry after a restart
+        is still recognised. Bound: only the batches holding the last ``producer_window``
+        records are visited, plus at most one index interval before them (the offset index
+        finds the start), header only (``iter_producer_headers``): at most one read (<= 64 KiB)
+        per batch, so at most ``producer_window`` reads, and no more bytes than that tail of
+        the log holds. With ``producer_state.WINDOW`` that is 262,144 reads in the worst case
+        (one-record batches), far fewer with batching producers.
+        """
+        producers = self.producers
+        assert producers is not None
+        floor = self.producer_floor
+        if floor >= self._next:
+            return
+        record = producers.record
+        first_seg = max(bisect.bisect_right(self._bases, floor) - 1, 0)
+        for seg in self._segments[first_seg:]:
+            if not seg.size:
+                continue
+            for (base_offset, _length, attrs, delta, max_ts, pid, epoch,
+                 base_seq) in iter_producer_headers(seg.reader(), seg.size, seg.lookup(floor)):
+                last = base_offset + 1 + delta
+                if pid < 0 or last < floor or attrs & records.CONTROL_FLAG:
+                    continue
+                record(pid, epoch, BatchMetadata(base_seq, last_seq_of(base_seq, delta),
+                                                 base_offset + 1, last, max_ts), floor)
+
     def _load_closed(self, seg: Segment, upper: int) -> bool:
         """Map a closed segment's index files if they agree with its .log (cheap checks)."""
         try:
@@ -280,10 +332,27 @@ class ChannelLog:
 
         Raises records.InvalidBatch (nothing stored) unless ``batch`` is exactly one
         valid RecordBatch v2.
+
+        With producer checks on (``producer_window``), a batch with a producer id (>= 0, not
+        a control batch) is checked first (``ProducerState.check``): an out-of-order sequence
+        or an old epoch raises ``OutOfOrderSequence`` / ``InvalidProducerEpoch`` (nothing
+        stored), and a retry of one of the producer's last five batches is not stored again:
+        the original's (first, last) come back, first below the ``next_sequence`` this call
+        started from, which is how a caller tells a duplicate apart.
         """
         header = records.validate_batch(batch)
         if header.size != len(batch):
             raise records.InvalidBatch("expected exactly one batch")
+        producers = self.producers
+        if producers is not None and header.producer_id >= 0 \
+                and not header.attributes & records.CONTROL_FLAG:
+            floor = self.producer_floor
+            duplicate = producers.check(header.producer_id, header.producer_epoch,
+                                        header.base_sequence, header.last_offset_delta, floor)
+            if duplicate is not None:
+                return duplicate.first_sequence, duplicate.last_sequence
+        else:
+            producers = None
         buf = memoryview(batch)
         first = self._next
         base_offset = _BASE_OFFSET.pack(first - 1)
@@ -311,6 +380,11 @@ class ChannelLog:
         last = first + header.last_offset_delta
         self._next = active.end = last + 1
         self._dirty_fds[active.write_fd] = None
+        if producers is not None:
+            base_seq = header.base_sequence
+            producers.record(header.producer_id, header.producer_epoch, BatchMetadata(
+                base_seq, last_seq_of(base_seq, header.last_offset_delta), first, last,
+                header.max_timestamp), floor)
         return first, last
 
     def append_many(self, batches: list, now_ms: int) -> list[tuple[int, int]]:
@@ -593,6 +667,7 @@ class ChannelLog:
             now_ms=now_ms,
             delete_retention_ms=self._config.delete_retention_ms,
             interval=self._config.index_interval_bytes,
+            producer_floor=self.producer_floor if self.producers is not None else None,
         )
 
     def install_compaction(self, result: CompactionResult) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -42,20 +43,30 @@ from kmqkafka.store.fsutil import fsync_dir, write_atomic
 from kmqkafka.store.keyed import RESERVED_FAMILIES, KeyedLog
 from kmqkafka.store.log import ChannelLog
 from kmqkafka.store.names import check_channel_name, dir_name, from_dir_name
+from kmqkafka.store.producer_state import WINDOW as PRODUCER_WINDOW
 from kmqkafka.store.queue import QueueChannel
 
 log = Logger()
 
 KIND_EVENTS = "events"
 KIND_QUEUE = "queue"
+_PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch header
 
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
-    """Sequences given to an appended batch (offset = Sequence - 1)."""
+    """Sequences given to an appended batch (offset = Sequence - 1).
+
+    ``duplicate``: the batch was an idempotent producer's retry of a batch stored already
+    (producer_state.py); nothing was written, the Sequences are the original's, and
+    ``max_timestamp`` is the stored original's maxTimestamp (Kafka answers a duplicate with it
+    as the log append time).
+    """
 
     first_sequence: int
     last_sequence: int
+    duplicate: bool = False
+    max_timestamp: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +180,8 @@ class StateMachine:
                 path, now_ms, dead_letter=self._dead_letter_hook(name)
             )
         else:
-            self.channels[name] = ChannelLog.open(path, config, now_ms)
+            self.channels[name] = ChannelLog.open(path, config, now_ms,
+                                                  producer_window=PRODUCER_WINDOW)
 
     def _dead_letter_hook(self, name: str) -> Callable[[Any], None] | None:
         if self._dead_letter is None:
@@ -298,8 +310,14 @@ class StateMachine:
         return config
 
     def _apply_Append(self, cmd: c.Append) -> AppendResult:
+        """Store a batch; the idempotent-producer checks run here, at apply, so every node
+        decides alike and pipelined appends are checked in log order (ChannelLog.append
+        raises OutOfOrderSequence / InvalidProducerEpoch, or answers a duplicate)."""
         ch = self.channel(cmd.name)
+        before = ch.next_sequence
         first, last = ch.append(cmd.batch, cmd.now_ms)
+        if first < before:
+            return self._duplicate(ch, cmd, first, last)
         self._dirty.add(cmd.name)
         self._touched.add(cmd.name)
         if self.replicated:
@@ -308,6 +326,15 @@ class StateMachine:
             else:
                 self._visible(ch, cmd.name)
         return AppendResult(first, last)
+
+    @staticmethod
+    def _duplicate(ch: ChannelLog, cmd: c.Append, first: int, last: int) -> AppendResult:
+        """A retried idempotent batch found already stored: nothing changed."""
+        assert ch.producers is not None
+        (producer_id,) = _PRODUCER_ID.unpack_from(cmd.batch, 43)
+        meta = ch.producers.find(producer_id, first)
+        return AppendResult(first, last, duplicate=True,
+                            max_timestamp=meta.max_timestamp if meta is not None else -1)
 
     def hold_visibility(self, on: bool) -> None:
         """Replicated mode: while on, applied Appends stay invisible to readers (the high

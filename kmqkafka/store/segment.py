@@ -36,6 +36,10 @@ DELETED_SUFFIX = ".deleted"
 BATCH_SPAN = struct.Struct(">qi11xi")
 _MAX_TS = struct.Struct(">q")
 SCAN_CHUNK = 4 * 1024 * 1024
+# baseOffset, batchLength, attributes, lastOffsetDelta, maxTimestamp, producerId,
+# producerEpoch, baseSequence: what the idempotent-producer state needs (57 bytes).
+PRODUCER_SPAN = struct.Struct(">qi9xhi8xqqhi")
+HEADER_CHUNK = 64 * 1024
 
 
 def segment_name(base: int, suffix: str) -> str:
@@ -320,3 +324,34 @@ def iter_file_batches(fd: int, size: int, start: int = 0) -> Iterator[tuple[int,
             yield pos, memoryview(os.pread(fd, batch_size, pos))
             off = batch_size
         pos += off
+
+
+def iter_producer_headers(fd: int, size: int, start: int = 0) -> Iterator[tuple[int, ...]]:
+    """Yield ``PRODUCER_SPAN`` fields of every batch from ``start`` up to ``size``.
+
+    Header-only walk (no CRC, records never parsed): reads of at most ``HEADER_CHUNK`` bytes
+    serve every header inside them; after a batch larger than a read, only the next header is
+    read. Every read serves at least one header, so a walk costs at most one read per batch
+    and, give or take a header cut at a read's end, no more bytes than lie between ``start``
+    and ``size``. Stops at a cut-off or malformed batch.
+    Safe on any thread.
+    """
+    pos = start
+    want = HEADER_CHUNK
+    batch_size = 0
+    unpack = PRODUCER_SPAN.unpack_from
+    while size - pos >= records.HEADER_SIZE:
+        buf = os.pread(fd, min(want, size - pos), pos)
+        n = len(buf)
+        if n < records.HEADER_SIZE:
+            return
+        off = 0
+        while n - off >= records.HEADER_SIZE:
+            fields = unpack(buf, off)
+            batch_size = fields[1] + records.LOG_OVERHEAD
+            if batch_size < records.HEADER_SIZE or pos + off + batch_size > size:
+                return
+            yield fields
+            off += batch_size
+        pos += off
+        want = records.HEADER_SIZE if batch_size > HEADER_CHUNK else HEADER_CHUNK

@@ -268,7 +268,10 @@ class ChannelStore:
 
         The batch is stored byte for byte except its base offset. ``durable=False``
         fires after the write reaches the page cache (Kafka acks=1); readers
-        still only see it after the group fsync.
+        still only see it after the group fsync. A batch with a producer id is checked
+        when applied (``store/producer_state.py``): it fails with OutOfOrderSequence or
+        InvalidProducerEpoch, or, as a retry of a stored batch, fires with an AppendResult
+        marked ``duplicate`` that carries the original's Sequences.
         """
         try:
             self._check(name, internal)
