@@ -11,6 +11,8 @@ here; they are handed through untouched in ``Settings.file_tables`` for the modu
 """
 from __future__ import annotations
 
+import ipaddress
+
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,6 +280,43 @@ def _file_values(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _own_endpoint_defaults(values: dict[str, Any], given: set[str]) -> None:
+    """A cluster node's own ``--peers`` entry supplies the Kafka settings it leaves unset.
+
+    The other nodes advertise this node at the Kafka address its peer entry names, so by
+    default it listens and advertises itself there too; and when that address is a loopback
+    IP (several nodes on one host as 127.0.0.1, 127.0.0.2, ...) the Kafka and HTTP listeners
+    bind that IP, so the nodes can share port numbers."""
+    text = values.get("peers") or ""
+    if not text:
+        return
+    try:
+        peers = parse_peers(text, values["kafka_advertised_port"] or values["kafka_port"])
+    except ValueError:
+        return  # reported with the setting's name below
+    own = next((p for p in peers if p.node_id == values["node_id"]), None)
+    if own is None:
+        return
+    if "kafka_port" not in given:
+        values["kafka_port"] = own.kafka_port
+    if "kafka_advertised_host" not in given:
+        values["kafka_advertised_host"] = own.kafka_host
+    if "kafka_advertised_port" not in given:
+        values["kafka_advertised_port"] = own.kafka_port
+    if _is_loopback_ip(own.kafka_host):
+        if "kafka_bind_host" not in given:
+            values["kafka_bind_host"] = own.kafka_host
+        if "http_host" not in given:
+            values["http_host"] = own.kafka_host
+
+
+def _is_loopback_ip(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def load_settings(
     options: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -296,6 +335,7 @@ def load_settings(
     from_file = _file_values(file_path, file_data) if file_path else {}
 
     values: dict[str, Any] = {}
+    given: set[str] = set()
     for s in SETTINGS:
         raw: Any = None
         opt = options.get(s.option)
@@ -311,6 +351,7 @@ def load_settings(
             values[s.attr] = Path(s.default) if s.kind == "path" else s.default
         else:
             values[s.attr] = _parse(s, raw)
+            given.add(s.attr)
 
     if values["tls_key"] is None and values["tls_cert"] is not None:
         values["tls_key"] = values["tls_cert"]
@@ -327,6 +368,7 @@ def load_settings(
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['kafka_tls_port'])}: same as the plaintext port"
         )
+    _own_endpoint_defaults(values, given)
     if values["kafka_advertised_host"] in (None, ""):
         bind = values["kafka_bind_host"]
         values["kafka_advertised_host"] = "127.0.0.1" if bind in _ALL_INTERFACES else bind
