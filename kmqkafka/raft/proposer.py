@@ -285,6 +285,7 @@ class RaftProposer:
         storage = self._storage_override or DiskStorage.open(self.raft_dir,
                                                              roll_bytes=self._wal_roll)
         self.storage = storage
+        self._refuse_unreplicated_data(storage)
         snap = storage.snapshot
         if snap is not None and self.machine.last_applied < snap.meta.index:
             # Crashed between persisting an installed snapshot and restoring the machine.
@@ -306,6 +307,24 @@ class RaftProposer:
         log.info("raft node {id} of {voters} starting: replay to {target}, checkpoint {ckpt}",
                  id=self.node_id, voters=sorted(voters), target=target, ckpt=self._skip_to)
         return self.driver.wait_applied(target)
+
+    def _refuse_unreplicated_data(self, storage: Any) -> None:
+        """A node whose store holds data no Raft log has ever carried (a lone node's data dir)
+        must not start as one of several voters: the other members would never receive that
+        data, and whichever of them led would serve a different log under the same offsets."""
+        fresh = (storage.snapshot is None and storage.last_index == 0
+                 and storage.hard_state.term == 0)
+        if len(self.members) <= 1 or not fresh or self.machine.last_applied:
+            return
+        m = self.machine
+        held = [n for n in (*m.channels, *m.queues)]
+        held += [f"_kafka.{f}" for f, kl in m.keyed.items() if len(kl)]
+        if held:
+            raise StoreError(
+                f"data dir {m.data_dir} holds data written without Raft ({len(held)} "
+                f"channel(s)/famil(ies), e.g. {sorted(held)[0]!r}): it cannot join a new "
+                f"{len(self.members)}-node cluster; start it without KMQKAFKA_PEERS, or give "
+                f"this node an empty data dir")
 
     def stop(self) -> Deferred:
         """Refuse new proposals, fail parked ones, hand leadership over (a leader of a

@@ -1,0 +1,51 @@
+"""A lone node's data dir cannot silently become one voter of a new cluster.
+
+Its records were never in any Raft log, so the other members would never receive them and a
+leader among those would hand out the same offsets to different records: the daemon refuses
+to start, with one line saying why, and the data stays as it was.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import free_port, start_broker
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+
+def test_lone_node_data_refuses_to_join_a_new_cluster(tmp_path):
+    lone = start_broker(tmp_path)
+    p = confluent_kafka.Producer({"bootstrap.servers": lone.bootstrap, "acks": "all"})
+    p.produce("kept", b"record")
+    assert p.flush(20) == 0
+    assert lone.stop() == 0
+
+    peers = ",".join(f"{i}=127.0.0.1:{free_port()}/127.0.0.1:{free_port()}" for i in (2, 3))
+    peers = f"1=127.0.0.1:{free_port()}/127.0.0.1:{lone.kafka_port}," + peers
+    joined = start_broker(tmp_path, data_dir=lone.data_dir, wait=False, env={
+        "CONNECTORS_KAFKA_PORT": str(lone.kafka_port), "KMQKAFKA_NODE_ID": "1",
+        "KMQKAFKA_PEERS": peers})
+    try:
+        assert joined.proc.wait(30) != 0
+    except subprocess.TimeoutExpired:
+        joined.kill()
+        raise AssertionError("the node started as a cluster member:\n" + joined.log()[-3000:])
+    assert "holds data written without Raft" in joined.log()
+    assert "cannot join a new 3-node cluster" in joined.log()
+
+    again = start_broker(tmp_path, data_dir=lone.data_dir)  # alone again: the data is intact
+    try:
+        c = confluent_kafka.Consumer({"bootstrap.servers": again.bootstrap, "group.id": "g",
+                                      "auto.offset.reset": "earliest"})
+        c.assign([confluent_kafka.TopicPartition("kept", 0, 0)])
+        m = None
+        for _ in range(40):
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                break
+        c.close()
+        assert m is not None and m.value() == b"record" and m.offset() == 0
+    finally:
+        again.stop()
