@@ -2,8 +2,8 @@
 
 Every live Raft member is a broker (``identity.brokers``), every member a replica of every
 partition (the live ones in sync, the others offline); the Raft leader is the controller and
-the leader of every partition (a lone node is all of these; no known leader: controller -1,
-partitions LEADER_NOT_AVAILABLE). There is no authorizer yet, so authorized-operation
+the leader of every partition (a lone node is all of these; no known leader: this node is named
+controller and forwards, partitions LEADER_NOT_AVAILABLE). There is no authorizer yet, so authorized-operation
 bitfields, when asked for, list every operation Kafka defines for the resource.
 """
 
@@ -49,7 +49,7 @@ def _catalog(ctx: RequestContext) -> TopicCatalog:
 
 
 def describe_cluster(request: Any, ctx: RequestContext) -> Any:
-    """Every live node as a broker, the Raft leader as controller (-1 while unknown)."""
+    """Every live node as a broker, the Raft leader as controller (``identity.controller``)."""
     t = types_of(ctx)
     endpoint_type = getattr(request, "endpoint_type", ENDPOINT_BROKERS)
     if endpoint_type != ENDPOINT_BROKERS:
@@ -65,7 +65,7 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         error_message=None, endpoint_type=ENDPOINT_BROKERS,
         cluster_id=identity.cluster_id(ctx.broker),
-        controller_id=leader if leader is not None else -1,
+        controller_id=identity.controller(ctx.broker),
         brokers=tuple(make(t.DescribeClusterBroker, broker_id=node, host=host, port=port,
                            rack=None, is_fenced=False)
                       for node, host, port in identity.brokers(ctx.broker, ctx.listener)),

@@ -137,6 +137,16 @@ def leader(broker: Broker) -> int | None:
     return store.leader_id() if store is not None else None
 
 
+def controller(broker: Broker) -> int:
+    """The controller id clients are given: the Raft leader, or, while none is known (an
+    election), this node, which forwards admin commands to whichever leader comes. Clients
+    wait for a controller before any admin call, and librdkafka stops asking again after a
+    few answers of -1 until its request times out (as KRaft brokers do, any broker may be
+    named)."""
+    lead = leader(broker)
+    return lead if lead is not None else node_id(broker)
+
+
 def is_leader(broker: Broker) -> bool:
     if not clustered(broker):
         return True

@@ -8,7 +8,8 @@ this node, the leader and the peers it has a working Raft link to; this node alo
 broker), as Apache Kafka lists only live brokers. The leader of every partition, and the
 controller, is the Raft leader; replicas are all members, the ISR the listed ones, and the
 others are offline replicas (v5+). A node that knows no leader answers
-LEADER_NOT_AVAILABLE for each partition (leader -1) and controller -1. Topics and partition
+LEADER_NOT_AVAILABLE for each partition (leader -1) and names itself controller (it forwards
+admin commands to the leader once there is one; ``identity.controller``). Topics and partition
 counts come from this node's applied state, so a follower may be behind but never ahead.
 """
 
@@ -107,7 +108,7 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
         brokers=tuple(make(t.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
                       for node, host, port in brokers),
         cluster_id=identity.cluster_id(ctx.broker),
-        controller_id=leader if leader is not None else -1,
+        controller_id=identity.controller(ctx.broker),
         topics=tuple(out),
         cluster_authorized_operations=-2147483648,
     )

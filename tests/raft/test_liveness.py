@@ -104,3 +104,8 @@ def test_without_a_transport_every_member_is_listed_and_the_cluster_id_ignores_l
     assert listed(make_broker(leader=None, linked=None)) == [1, 2, 3]
     assert (identity.cluster_id(make_broker(leader=1, linked=set()))
             == identity.cluster_id(make_broker(leader=1, linked={2, 3})))
+
+
+def test_controller_is_the_leader_or_this_node_while_none_is_known():
+    assert identity.controller(make_broker(leader=3, linked={2, 3})) == 3
+    assert identity.controller(make_broker(leader=None, linked=set())) == 1

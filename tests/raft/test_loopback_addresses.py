@@ -39,7 +39,7 @@ def _healthy(host: str, proc: subprocess.Popen[bytes], log: Path, timeout: float
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, int]]:
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """Start the three nodes; yields the shared Kafka port."""
     root = tmp_path_factory.mktemp("loopback-cluster")
     raft_port, kafka_port = free_port(), free_port()
@@ -49,8 +49,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, int]]:
     try:
         for i in HOSTS:
             env = {**base_env(), "CONNECTORS_KAFKA_ENABLE": "true", "KMQKAFKA_NODE_ID": str(i),
-                   "KMQKAFKA_PEERS": peers, "KMQKAFKA_DATA_DIR": str(root / f"data{i}"),
-                   "KMQKAFKA_RAFT_TICK_MS": "50"}
+                   "KMQKAFKA_PEERS": peers, "KMQKAFKA_DATA_DIR": str(root / f"data{i}")}
             with open(logs[i], "ab") as log:
                 procs[i] = subprocess.Popen(
                     [str(TWISTD), "-n", "--pidfile=", "kmqkafka"], cwd=root, env=env,
@@ -65,7 +64,21 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, int]]:
                 p.wait(10)
 
 
-def test_metadata_names_each_node_at_its_own_address_and_port(nodes: dict[int, int]) -> None:
+def test_admin_call_right_after_start_does_not_wait_for_the_election(nodes: dict) -> None:
+    """Issued as soon as every node answers /health, typically before the first Raft leader
+    (default election timeout): librdkafka stops asking for a controller after a few -1
+    answers, so the nodes name themselves while no leader is known and forward."""
+    port = nodes["kafka_port"]
+    admin = confluent_kafka.admin.AdminClient(
+        {"bootstrap.servers": ",".join(f"{h}:{port}" for h in HOSTS.values())})
+    futures = admin.create_topics([confluent_kafka.admin.NewTopic("early", 3, 1)],
+                                  request_timeout=15)
+    assert futures["early"].result(timeout=30) is None
+    md = admin.list_topics("early", timeout=10)
+    assert len(md.topics["early"].partitions) == 3
+
+
+def test_metadata_names_each_node_at_its_own_address_and_port(nodes: dict) -> None:
     port = nodes["kafka_port"]
     admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": f"{HOSTS[1]}:{port}"})
     deadline = time.monotonic() + 20
@@ -78,7 +91,7 @@ def test_metadata_names_each_node_at_its_own_address_and_port(nodes: dict[int, i
     assert seen == {i: (h, port) for i, h in HOSTS.items()}
 
 
-def test_produce_on_one_address_consume_from_another(nodes: dict[int, int]) -> None:
+def test_produce_on_one_address_consume_from_another(nodes: dict) -> None:
     port = nodes["kafka_port"]
     values = [b"v%03d" % i for i in range(200)]
     assert produce(f"{HOSTS[2]}:{port}", "loopback-topic", values) == list(range(200))
