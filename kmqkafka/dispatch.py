@@ -35,7 +35,8 @@ from typing import Any, Callable
 
 from kio.index import UnknownAPIKey, UnknownEntity, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.schema.index import api_key_map
+from kio.schema.index import api_key_map, schema_name_map
+from kio.static.constants import EntityType
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -82,12 +83,14 @@ class Registration:
 
 
 def _loadable(api_key: int, version: int) -> bool:
+    """Whether kio has request and response classes for this version, looked up in kio's
+    static index: importing every advertised version's modules would add about a second to
+    start-up (each is a few dozen dataclasses); they load on first use instead."""
     try:
-        load_request_schema(api_key, version)
-        load_response_schema(api_key, version)
-    except (UnknownAPIKey, UnknownEntity, ImportError, AttributeError):
+        entities = schema_name_map[api_key_map[api_key]][version]
+    except KeyError:
         return False
-    return True
+    return EntityType.request in entities and EntityType.response in entities
 
 
 _EMPTY_BY_KAFKA_TYPE: dict[str, Any] = {
