@@ -180,7 +180,8 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
 
 
 def describe_configs(request: Any, ctx: RequestContext) -> Any:
-    """Describe topic or broker resources; ``configuration_keys`` null means all."""
+    """Describe topic or broker resources; ``configuration_keys`` null or empty means all (as
+    Apache Kafka reads it; kafka-python sends an empty list)."""
     t = types_of(ctx)
     topics: TopicCatalog = ctx.broker.extras["topics"]
     synonyms = getattr(request, "include_synonyms", False)
@@ -209,7 +210,7 @@ def describe_configs(request: Any, ctx: RequestContext) -> Any:
 
 
 def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> list[ConfigEntry]:
-    keys = res.configuration_keys
+    keys = res.configuration_keys or None
     if res.resource_type == RESOURCE_TOPIC:
         validate_topic_name(res.resource_name)
         topic = topics.get(res.resource_name)

@@ -104,6 +104,24 @@ def test_describe_synonyms_and_name_filter(kafka: BrokerProcess) -> None:
     assert missing.error_code == 3
 
 
+def test_empty_key_list_means_every_config_as_in_kafka(kafka: BrokerProcess) -> None:
+    from kio.schema.describe_configs.v4.request import DescribeConfigsResource
+    from test_admin import call, create
+
+    create(kafka, "dc-empty", 1)
+    every = call(kafka, 32, 4, include_synonyms=False, include_documentation=False, resources=(
+        DescribeConfigsResource(resource_type=2, resource_name="dc-empty",
+                                configuration_keys=None),
+        DescribeConfigsResource(resource_type=4, resource_name="1", configuration_keys=None)))
+    empty = call(kafka, 32, 4, include_synonyms=False, include_documentation=False, resources=(
+        DescribeConfigsResource(resource_type=2, resource_name="dc-empty",
+                                configuration_keys=()),
+        DescribeConfigsResource(resource_type=4, resource_name="1", configuration_keys=())))
+    for a, b in zip(every.results, empty.results):
+        assert len(a.configs) > 5
+        assert [c.name for c in a.configs] == [c.name for c in b.configs]
+
+
 def test_describe_configs_v1_for_older_clients(kafka: BrokerProcess) -> None:
     """librdkafka 2.0 (kcat) speaks DescribeConfigs v1: sources and synonyms, no types."""
     from kio.schema.describe_configs.v1.request import DescribeConfigsResource
