@@ -4,7 +4,8 @@ Names follow ``kmqkafka_<area>_<what>_<unit>``. The tap builds one ``CollectorRe
 ``Metrics``; everything else receives them. Handlers increment the per-topic byte counters. Store
 size and per-partition log start/end are exported by the store's own collector, which
 ``ChannelStore`` registers on the same registry (``kmqkafka_store_size_bytes``,
-``kmqkafka_partition_log_end_offset``, ``kmqkafka_partition_log_start_offset``).
+``kmqkafka_partition_log_end_offset``, ``kmqkafka_partition_log_start_offset``). A cluster node
+also exports its Raft state (``kmqkafka_raft_*``, ``kmqkafka.raft.metrics``).
 """
 from __future__ import annotations
 

@@ -68,6 +68,12 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
         factory = raft_proposer_factory(settings, reactor) if settings.peers else None
         store = ChannelStore(settings.data_dir, reactor, registry=registry,
                              proposer_factory=factory)
+        if factory is not None:
+            from kmqkafka.raft.metrics import RaftCollector
+
+            registry.register(RaftCollector(
+                lambda: getattr(store, "proposer", None),
+                settings.raft_tick_ms * settings.raft_election_ticks / 1000))
     broker = Broker(settings=settings, reactor=reactor, metrics=metrics, store=store)
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher

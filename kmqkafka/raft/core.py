@@ -343,6 +343,13 @@ class RaftNode:
                 best = (key, v)
         return best[1] if best is not None else None
 
+    def match_indexes(self) -> dict[int, int]:
+        """Leader only: the highest index known replicated on each other voter ({} otherwise);
+        what replication lag is measured against."""
+        if self.role is not Role.LEADER:
+            return {}
+        return {peer: pr.match for peer, pr in self._progress.items() if peer != self.id}
+
     @property
     def transferring(self) -> int | None:
         """The voter a transfer in progress hands leadership to, if any."""

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import _wait_healthy, free_port, start_broker
+from tests.conftest import _wait_healthy, free_port, http_get, start_broker
 from tests.raft.test_cluster import wait_leader
 from tests.rawkafka import RawClient
 
@@ -349,6 +349,17 @@ def lists_only(port: int, live: set[int], topic: str) -> bool:
     return True
 
 
+def raft_metric(broker: Any, name: str, **labels: str) -> float | None:
+    """One sample of the node's /metrics (None when absent)."""
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                   if labels else "")
+    for line in http_get(broker.http_port, "/metrics").decode().splitlines():
+        key, _, value = line.rpartition(" ")
+        if key == want:
+            return float(value)
+    return None
+
+
 def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     """Apache Kafka lists only live brokers: clients must not be sent to a dead node. Killing a
     follower also checks the follower-to-follower view (no Raft traffic between them, only
@@ -368,11 +379,22 @@ def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     assert md.controller_id == leader
     assert sorted(md.topics[topic].partitions[0].replicas) == list(IDS)
     assert sorted(md.topics[topic].partitions[0].isrs) == sorted(survivors)
+    # The leader's /metrics say the same: its role, the dead link, the others in step.
+    lead = cluster.brokers[leader]
+    assert raft_metric(lead, "kmqkafka_raft_role", role="leader") == 1
+    assert raft_metric(lead, "kmqkafka_raft_leader_id") == leader
+    assert raft_metric(lead, "kmqkafka_raft_peer_up", peer=str(victim)) == 0
+    other = next(iter(survivors - {leader}))
+    assert raft_metric(lead, "kmqkafka_raft_peer_up", peer=str(other)) == 1
+    assert raft_metric(lead, "kmqkafka_raft_applied_index") >= 1
 
     cluster.brokers[victim].restart()
     for i in IDS:
         wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), topic),
                  what=f"node {i} lists node {victim} again")
+    wait_for(lambda: raft_metric(lead, "kmqkafka_raft_peer_lag_entries", peer=str(victim)) == 0,
+             what=f"node {victim} catches up (leader's lag metric)")
+    assert raft_metric(cluster.brokers[victim], "kmqkafka_raft_role", role="follower") == 1
 
 
 # --- consumer group across a leader failover, then every node agrees -------------------
