@@ -17,7 +17,7 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     admin, api_versions, cluster, configs, consumer_groups, fetch, groups, metadata, offsets,
-    positions, produce, producers,
+    positions, produce, producers, quorum,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
@@ -39,7 +39,7 @@ class Options(usage.Options):
 
 HANDLER_AREAS = (
     api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
-    offsets, consumer_groups,
+    offsets, consumer_groups, quorum,
 )
 
 

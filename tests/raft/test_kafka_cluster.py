@@ -360,6 +360,30 @@ def raft_metric(broker: Any, name: str, **labels: str) -> float | None:
     return None
 
 
+def test_describe_quorum_through_any_node(cluster: Cluster):
+    """kafka-python's describe_metadata_quorum (DescribeQuorum v2), sent to whichever node:
+    leader, Raft term as epoch, commit index as high watermark, every voter's log end."""
+    from kafka.admin import KafkaAdminClient
+
+    produce_confluent(cluster.all(), "quorum", [b"q"])
+    leader = cluster.leader()
+    for i in IDS:
+        admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap(i))
+        try:
+            q = admin.describe_metadata_quorum()
+        finally:
+            admin.close()
+        (part,) = q["topics"][0]["partitions"]
+        assert part["error"] is None
+        assert part["leader_id"] == leader
+        assert part["leader_epoch"] >= 1
+        assert part["high_watermark"] >= 1
+        voters = {v["replica_id"]: v["log_end_offset"] for v in part["current_voters"]}
+        assert set(voters) == set(IDS)
+        assert voters[leader] >= part["high_watermark"]
+        assert {n["node_id"] for n in q["nodes"]} == set(IDS)
+
+
 def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     """Apache Kafka lists only live brokers: clients must not be sent to a dead node. Killing a
     follower also checks the follower-to-follower view (no Raft traffic between them, only
