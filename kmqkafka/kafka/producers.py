@@ -1,10 +1,16 @@
-"""InitProducerId (key 22): producer ids for idempotent producers.
+"""InitProducerId (key 22): producer ids for idempotent producers; DescribeProducers (key 61).
 
 Ids are unique for the life of the store: they are handed out from blocks
 whose end is made durable in the ``txn`` coordinator family before any id in
 the block is used, so a restart never reuses one. Transactional ids need the
 transaction coordinator, which this broker does not run yet: such requests get
 COORDINATOR_NOT_AVAILABLE (the client retries), never a half-working answer.
+
+DescribeProducers lists, per requested partition, every producer whose last batch is still in
+the partition's producer window (``store/producer_state.py``) with its epoch, last sequence and
+the max timestamp of its last batch; without transactions the coordinator epoch and current
+transaction start offset are -1. Every node holds the same state up to what it applied, so any
+node answers.
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ from twisted.internet.defer import Deferred, DeferredLock
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import RequestContext
-from kmqkafka.kafka.wire import NO_THROTTLE, make
+from kmqkafka.kafka.errors import KafkaError
+from kmqkafka.kafka.topics import TopicCatalog, validate_topic_name
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.names import channel_for
 
 API_KEY = 22
+DESCRIBE_PRODUCERS = 61
 MIN_VERSION = 0
 MAX_VERSION = 5
 BLOCK = 1000
@@ -80,5 +90,45 @@ def handle(request: Any, ctx: RequestContext) -> Any:
         producer_id=new_pid, producer_epoch=0))
 
 
+def describe(request: Any, ctx: RequestContext) -> Any:
+    """DescribeProducers (key 61): every producer a partition knows (module docstring)."""
+    t = types_of(ctx)
+    topics: TopicCatalog = ctx.broker.extras["topics"]
+    machine = ctx.broker.store.machine
+    out = []
+    for tr in request.topics:
+        error, message = ErrorCode.none, None
+        try:
+            validate_topic_name(tr.name)
+        except KafkaError as exc:
+            error, message = exc.code, exc.message
+        topic = topics.get(tr.name) if error is ErrorCode.none else None
+        if topic is None and error is ErrorCode.none:
+            error = ErrorCode.unknown_topic_or_partition
+        parts = []
+        for index in tr.partition_indexes:
+            if topic is None or not 0 <= index < topic.partitions:
+                parts.append(make(t.PartitionResponse, partition_index=index,
+                                  error_code=error if topic is None
+                                  else ErrorCode.unknown_topic_or_partition,
+                                  error_message=message, active_producers=()))
+                continue
+            log = machine.channels.get(channel_for(topic.name, index))
+            producers = getattr(log, "producers", None)
+            active = producers.active(log.producer_floor) if producers is not None else []
+            parts.append(make(t.PartitionResponse, partition_index=index,
+                              error_code=ErrorCode.none, error_message=None,
+                              active_producers=tuple(
+                                  make(t.ProducerState, producer_id=pid,
+                                       producer_epoch=entry.epoch,
+                                       last_sequence=entry.batches[-1].last_seq,
+                                       last_timestamp=entry.batches[-1].max_timestamp,
+                                       coordinator_epoch=-1, current_txn_start_offset=-1)
+                                  for pid, entry in active)))
+        out.append(make(t.TopicResponse, name=tr.name, partitions=tuple(parts)))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))
+
+
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)
+    dispatcher.register(DESCRIBE_PRODUCERS, describe, 0, 0)

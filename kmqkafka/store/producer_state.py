@@ -104,6 +104,11 @@ class ProducerState:
             return None
         return entry
 
+    def active(self, floor: int) -> list[tuple[int, ProducerEntry]]:
+        """Every producer known at ``floor``, by producer id (DescribeProducers)."""
+        return sorted((pid, e) for pid, e in self._entries.items()
+                      if e.batches and e.batches[-1].last_sequence >= floor)
+
     def check(self, producer_id: int, epoch: int, base_seq: int, last_offset_delta: int,
               floor: int) -> BatchMetadata | None:
         """Decide on a batch before it is stored: None to store it, the cached metadata of the

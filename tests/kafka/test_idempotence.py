@@ -333,3 +333,27 @@ def test_a_new_raft_leader_still_recognises_a_retry(tmp_path: Path):
         for b in brokers.values():
             if b.proc.poll() is None:
                 b.kill()
+
+
+def test_describe_producers_lists_the_idempotent_producers(shared: BrokerProcess):
+    """kafka-python's describe_producers (DescribeProducers v0): each idempotent producer of
+    the partition with its epoch and last sequence; a plain producer leaves no trace."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition
+
+    topic = unique("described")
+    pid, epoch = init_producer(shared.kafka_port)
+    assert produce(shared.kafka_port, topic, idem(pid, epoch, 0, n=3)).error_code == E.none
+    assert produce(shared.kafka_port, topic, idem(pid, epoch, 3, n=2)).error_code == E.none
+    plain = records.build_batch([records.NewRecord(value=b"plain")], now_ms=1_700_000_000_000)
+    assert produce(shared.kafka_port, topic, plain).error_code == E.none
+    admin = KafkaAdminClient(bootstrap_servers=shared.bootstrap)
+    try:
+        result = admin.describe_producers([TopicPartition(topic, 0)])
+    finally:
+        admin.close()
+    (state,) = result.values()
+    producers = state.active_producers
+    assert [(p.producer_id, p.producer_epoch, p.last_sequence) for p in producers] == [
+        (pid, epoch, 4)]
+    assert producers[0].last_timestamp > 0
