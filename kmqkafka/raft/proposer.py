@@ -58,6 +58,7 @@ from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot
 from kmqkafka.raft.storage import DiskStorage
 from kmqkafka.store import commands as c
 from kmqkafka.store.errors import StoreError, StoreStopped
+from kmqkafka.store.fsutil import write_atomic
 from kmqkafka.store.machine import BatchFailure, StateMachine
 from kmqkafka.store.proposer import GroupCommit
 
@@ -286,6 +287,7 @@ class RaftProposer:
                                                              roll_bytes=self._wal_roll)
         self.storage = storage
         self._refuse_unreplicated_data(storage)
+        self._check_voters(storage)
         snap = storage.snapshot
         if snap is not None and self.machine.last_applied < snap.meta.index:
             # Crashed between persisting an installed snapshot and restoring the machine.
@@ -325,6 +327,24 @@ class RaftProposer:
                 f"channel(s)/famil(ies), e.g. {sorted(held)[0]!r}): it cannot join a new "
                 f"{len(self.members)}-node cluster; start it without KMQKAFKA_PEERS, or give "
                 f"this node an empty data dir")
+
+    def _check_voters(self, storage: Any) -> None:
+        """The voter ids are fixed at a node's first start (``raft/voters``). Editing --peers to
+        add or drop members of a running cluster is not a membership change: the new members
+        would start with empty logs and, with the old voters down, could elect among
+        themselves and acknowledge writes the old log later overwrites. So a node whose
+        configured ids differ from the recorded ones refuses to start."""
+        configured = sorted(self.members) or [self.node_id]
+        path = self.raft_dir / "voters"
+        if path.exists():
+            recorded = json.loads(path.read_text())
+            if recorded != configured:
+                raise StoreError(
+                    f"KMQKAFKA_PEERS names voters {configured} but this node's Raft log belongs "
+                    f"to a cluster of {recorded}; start it with the same member ids (addresses "
+                    f"may change), or give it an empty data dir to form a new cluster")
+            return
+        write_atomic(path, json.dumps(configured).encode())
 
     def stop(self) -> Deferred:
         """Refuse new proposals, fail parked ones, hand leadership over (a leader of a

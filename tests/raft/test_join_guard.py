@@ -49,3 +49,33 @@ def test_lone_node_data_refuses_to_join_a_new_cluster(tmp_path):
         assert m is not None and m.value() == b"record" and m.offset() == 0
     finally:
         again.stop()
+
+
+def test_changed_member_ids_refuse_to_start(tmp_path):
+    """Editing --peers is not a membership change: a one-member Raft node restarted as one of
+    three refuses (the two new nodes could elect each other with empty logs), and starts again
+    under its recorded members, even at new addresses."""
+    kafka_port = free_port()
+    alone = f"1=127.0.0.1:{free_port()}/127.0.0.1:{kafka_port}"
+    env = {"CONNECTORS_KAFKA_PORT": str(kafka_port), "KMQKAFKA_NODE_ID": "1",
+           "KMQKAFKA_PEERS": alone}
+    node = start_broker(tmp_path, env=env)
+    p = confluent_kafka.Producer({"bootstrap.servers": node.bootstrap, "acks": "all"})
+    p.produce("kept", b"record")
+    assert p.flush(20) == 0
+    assert node.stop() == 0
+
+    three = alone + "," + ",".join(
+        f"{i}=127.0.0.1:{free_port()}/127.0.0.1:{free_port()}" for i in (2, 3))
+    grown = start_broker(tmp_path, data_dir=node.data_dir, wait=False,
+                         env={**env, "KMQKAFKA_PEERS": three})
+    try:
+        assert grown.proc.wait(30) != 0
+    except subprocess.TimeoutExpired:
+        grown.kill()
+        raise AssertionError("the node started with new members:\n" + grown.log()[-3000:])
+    assert "belongs to a cluster of [1]" in grown.log()
+
+    moved = f"1=127.0.0.1:{free_port()}/127.0.0.1:{kafka_port}"  # same id, new Raft port
+    again = start_broker(tmp_path, data_dir=node.data_dir, env={**env, "KMQKAFKA_PEERS": moved})
+    assert again.stop() == 0
