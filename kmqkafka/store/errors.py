@@ -43,6 +43,11 @@ class CorruptStore(StoreError):
     """Stored bytes failed their checksum where a torn tail cannot explain it."""
 
 
+class StorageFailure(StoreError):
+    """The disk refused a write (e.g. no space left); the command was not applied and the
+    store keeps serving (Kafka's KAFKA_STORAGE_ERROR)."""
+
+
 class StoreStopped(StoreError):
     """The store is shutting down and takes no new work."""
 

@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kmqkafka.store.commands import Command
-from kmqkafka.store.errors import StoreError, StoreStopped
+from kmqkafka.store.errors import StorageFailure, StoreError, StoreStopped
 from kmqkafka.store.machine import BatchFailure, StateMachine
 
 log = Logger()
@@ -156,6 +156,12 @@ class LocalProposer:
             result = self._machine.apply(self._machine.last_applied + 1, command)
         except StoreError:
             return fail(Failure())
+        except OSError as exc:
+            # A refused write (ENOSPC, EIO) leaves nothing applied: segment appends cut their
+            # tail back, and nothing else replays this command on a lone node. (Under Raft an
+            # apply that fails on one node only would split the logs: there it is fatal.)
+            log.error("store write failed: {error}", error=exc)
+            return fail(StorageFailure(f"storage write failed: {exc.strerror or exc}"))
         if isinstance(result, BatchFailure):
             # Whatever the batch applied before failing still goes through the flush.
             self._commit.schedule()

@@ -199,3 +199,33 @@ def test_keyed_compare_and_set_is_idempotent_for_its_own_replay(tmp_path, clock)
     result_of(store.propose(c.DeleteChannel("kafka.t")), clock)  # as if cut back by recovery
     result_of(store.propose(create), clock)
     assert store.exists("kafka.t")
+
+
+def test_a_refused_disk_write_fails_that_append_only(tmp_path, clock, monkeypatch):
+    """ENOSPC while writing a batch: that append fails with StorageFailure (Kafka's
+    KAFKA_STORAGE_ERROR), nothing of it is stored, and the next one continues densely."""
+    import errno
+
+    from kmqkafka.store import log as log_module
+    from kmqkafka.store.errors import StorageFailure
+
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    assert result_of(store.append_batch("kafka.t", batch(2)), clock).last_sequence == 2
+    real = log_module.write_batch_at_offset
+
+    def full(fd, base_offset, buf):
+        real(fd, base_offset, buf[: len(buf) // 2])  # a short write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_module, "write_batch_at_offset", full)
+    with pytest.raises(StorageFailure, match="No space left"):
+        result_of(store.append_batch("kafka.t", batch(3)), clock)
+    monkeypatch.setattr(log_module, "write_batch_at_offset", real)
+    after = result_of(store.append_batch("kafka.t", batch(1, tag=b"after")), clock)
+    assert (after.first_sequence, after.last_sequence) == (3, 3)
+    store.stop()
+    reopened = open_store(tmp_path, clock)
+    stored = [r.value for b in reopened.read("kafka.t", 1, 1 << 20).batches
+              for r in iter_records(b)]
+    assert stored == [b"v0", b"v1", b"after0"]
