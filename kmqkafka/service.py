@@ -64,8 +64,9 @@ class BrokerService(MultiService):
         self._store_started = False
 
     def is_ready(self) -> bool:
-        """True once the store has recovered and every listener is open (for ``/health``)."""
-        return self.ready
+        """True once the store has recovered and every listener is open, and until a failed
+        fsync makes the store refuse writes (for ``/health``)."""
+        return self.ready and not getattr(self.store, "failed", False)
 
     def startService(self) -> None:
         super().startService()

@@ -258,6 +258,12 @@ class RaftProposer:
     # ------------------------------------------------------------------ lifecycle
 
     @property
+    def failed(self) -> bool:
+        """A segment flush or the Raft driver failed: this node takes no more writes."""
+        return bool(self._commit.failed or (self.driver is not None
+                                            and self.driver.failed is not None))
+
+    @property
     def transport(self) -> Any:
         """The Raft transport (None for a one-member cluster): Kafka's Metadata asks it which
         peers are live."""

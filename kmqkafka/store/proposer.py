@@ -142,6 +142,11 @@ class LocalProposer:
         self._stopped = False
 
     @property
+    def failed(self) -> bool:
+        """A group-commit fsync failed: writes are refused until a restart."""
+        return self._commit.failed
+
+    @property
     def flush_count(self) -> int:
         return self._commit.flush_count
 
@@ -150,7 +155,10 @@ class LocalProposer:
 
     def propose(self, command: Command, *, durable: bool = True) -> Deferred:
         """Apply ``command`` and fire with its result once durable (or at once if not)."""
-        if self._stopped or self._commit.failed:
+        if self._commit.failed:
+            return fail(StorageFailure("an fsync of the store failed: writes are refused until "
+                                       "the daemon restarts and recovers"))
+        if self._stopped:
             return fail(StoreStopped("the store is stopping"))
         try:
             result = self._machine.apply(self._machine.last_applied + 1, command)

@@ -139,6 +139,12 @@ class ChannelStore:
         ``member_list``, ``commit_index``, ``applied_index``) or ``LocalProposer``."""
         return self._proposer
 
+    @property
+    def failed(self) -> bool:
+        """True once a write failure left the store refusing writes until a restart (a failed
+        group-commit fsync, or a Raft driver that stopped taking part)."""
+        return bool(getattr(self._proposer, "failed", False))
+
     def is_leader(self) -> bool:
         """True if this node orders commands (always, without Raft)."""
         check = getattr(self._proposer, "is_leader", None)

@@ -229,3 +229,26 @@ def test_a_refused_disk_write_fails_that_append_only(tmp_path, clock, monkeypatc
     stored = [r.value for b in reopened.read("kafka.t", 1, 1 << 20).batches
               for r in iter_records(b)]
     assert stored == [b"v0", b"v1", b"after0"]
+
+
+def test_a_failed_fsync_refuses_later_writes_and_marks_the_store_failed(tmp_path, clock,
+                                                                         monkeypatch):
+    import errno
+    import os
+
+    from kmqkafka.store.errors import StorageFailure, StoreError
+
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    assert not store.failed
+
+    def broken(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with pytest.raises(StoreError, match="fsync failed"):
+        result_of(store.append_batch("kafka.t", batch(1)), clock)
+    monkeypatch.undo()
+    assert store.failed
+    with pytest.raises(StorageFailure, match="until the daemon restarts"):
+        result_of(store.append_batch("kafka.t", batch(1)), clock)
