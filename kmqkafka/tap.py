@@ -183,6 +183,24 @@ def makeService(options: Options) -> BrokerService:
         sys.stderr.write(f"kmqkafka: {e}\n")
         sys.stderr.flush()
         raise SystemExit(2) from None
+    raise_open_file_limit()
     reactor.callWhenRunning(exit_cleanly_on_sigterm, reactor)
     reactor.addSystemEventTrigger("after", "shutdown", exit_with, service)
     return service
+
+
+def raise_open_file_limit() -> int:
+    """Lift the soft open-file limit to the hard one: every partition keeps its active segment
+    open and every client a socket, and a shell's usual soft limit (1024) is reached at about a
+    thousand partitions. Returns the soft limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        return soft
+    return want
