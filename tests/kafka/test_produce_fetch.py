@@ -319,6 +319,49 @@ def test_large_fetch_responses_reach_the_client(raw: Raw) -> None:
     assert [h.base_offset for _p, h in records.split_batches(three.records)] == [0, 1, 2]
 
 
+def test_a_partition_adds_about_the_soft_cap_per_response(raw: Raw) -> None:
+    """A client allowing 50 MiB per partition gets ~PARTITION_SOFT_CAP per response (whole
+    batches, in order, nothing skipped); a batch larger than the cap still comes whole, also
+    behind another partition's data."""
+    from kmqkafka.kafka.fetch import PARTITION_SOFT_CAP
+
+    def create_big(name: str) -> None:  # this module's broker caps batches at 64 KiB
+        r = raw.call(19, 5, timeout=datetime.timedelta(seconds=10), validate_only=False,
+                     topics=[{"name": name, "num_partitions": 1, "replication_factor": 1,
+                              "assignments": [], "configs": [
+                                  {"name": "max.message.bytes", "value": str(8 << 20)}]}])
+        assert r.topics[0].error_code is E.none
+
+    topic = unique("softcap")
+    create_big(topic)
+    sent = [batch(1, value_size=400_000) for _ in range(12)]  # ~4.8 MB in all
+    for b in sent:
+        produce(raw, topic, {0: b})
+    got, offset = [], 0
+    while offset < len(sent):
+        part = parts_of(fetch(raw, topic, {0: offset}, partition_max_bytes=50 << 20))[0]
+        assert 0 < len(part.records) <= PARTITION_SOFT_CAP
+        for _p, header in records.split_batches(part.records):
+            got.append(header.base_offset)
+        offset = got[-1] + 1
+    assert got == list(range(len(sent)))
+
+    small, huge = unique("softcap-small"), unique("softcap-huge")
+    create_big(huge)
+    produce(raw, small, {0: batch()})
+    big = batch(1, value_size=PARTITION_SOFT_CAP + 100_000)
+    assert produce(raw, huge, {0: big})[0].error_code is E.none
+    resp = raw.call(1, 11, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=1,
+                    max_bytes=50 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                    topics=[{"topic": t, "partitions": [
+                        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 10 << 20,
+                         "current_leader_epoch": -1, "log_start_offset": -1}]}
+                        for t in (small, huge)],
+                    forgotten_topics_data=[], rack_id="")
+    first, second = (t.partitions[0] for t in resp.responses)
+    assert len(first.records) == len(batch()) and len(second.records) == len(big)
+
+
 def test_idle_long_poll_returns_after_max_wait(raw: Raw) -> None:
     topic = unique("idle")
     produce(raw, topic, {0: batch()})
