@@ -361,6 +361,13 @@ def test_a_partition_adds_about_the_soft_cap_per_response(raw: Raw) -> None:
     first, second = (t.partitions[0] for t in resp.responses)
     assert len(first.records) == len(batch()) and len(second.records) == len(big)
 
+    # A min_bytes above the cap lifts it: answered at once from one partition, not at max_wait.
+    started = time.monotonic()
+    part = parts_of(fetch(raw, topic, {0: 0}, partition_max_bytes=50 << 20,
+                          min_bytes=PARTITION_SOFT_CAP * 2, max_wait_ms=5000))[0]
+    assert len(part.records) == sum(map(len, sent))
+    assert time.monotonic() - started < 2.5
+
 
 def test_idle_long_poll_returns_after_max_wait(raw: Raw) -> None:
     topic = unique("idle")
