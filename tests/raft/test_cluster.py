@@ -59,9 +59,12 @@ def produce(bootstrap: str, topic: str, values: list[bytes]) -> list[int]:
     return [o for _v, o in sorted(offsets, key=lambda x: values.index(x[0]))]
 
 
-def read_all(bootstrap: str, topic: str, count: int) -> list[tuple[int, bytes]]:
+def read_all(bootstrap: str, topic: str, count: int,
+             **conf: str) -> list[tuple[int, bytes]]:
+    """(offset, value) of partition 0 from offset 0 until ``count`` arrived (20 s at most);
+    ``conf`` adds consumer settings (e.g. TLS)."""
     c = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "g" + str(time.time()),
-                                  "enable.auto.commit": False})
+                                  "enable.auto.commit": False, **conf})
     c.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
     out: list = []
     deadline = time.monotonic() + 20

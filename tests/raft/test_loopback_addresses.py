@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from tests.conftest import TWISTD, base_env, free_port
-from tests.raft.test_cluster import produce
+from tests.raft.test_cluster import produce, read_all
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 import confluent_kafka.admin  # noqa: E402
@@ -95,16 +95,5 @@ def test_produce_on_one_address_consume_from_another(nodes: dict) -> None:
     port = nodes["kafka_port"]
     values = [b"v%03d" % i for i in range(200)]
     assert produce(f"{HOSTS[2]}:{port}", "loopback-topic", values) == list(range(200))
-    c = confluent_kafka.Consumer({"bootstrap.servers": f"{HOSTS[3]}:{port}",
-                                  "group.id": "loopback", "auto.offset.reset": "earliest"})
-    got: list[bytes] = []
-    try:
-        c.assign([confluent_kafka.TopicPartition("loopback-topic", 0, 0)])
-        deadline = time.monotonic() + 30
-        while len(got) < len(values) and time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is not None and not m.error():
-                got.append(m.value())
-    finally:
-        c.close()
+    got = [v for _o, v in read_all(f"{HOSTS[3]}:{port}", "loopback-topic", len(values))]
     assert got == values

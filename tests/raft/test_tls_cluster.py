@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port, make_self_signed, start_broker
-from tests.raft.test_cluster import wait_leader
+from tests.raft.test_cluster import read_all, wait_leader
 from tests.raft.test_kafka_cluster import fetch_all, produce_confluent
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -58,20 +58,9 @@ def test_raft_links_use_tls_and_replicate(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "records did not reach the follower"
             time.sleep(0.2)
 
-        c = confluent_kafka.Consumer({
-            "bootstrap.servers": f"127.0.0.1:{brokers[other].tls_port}",
-            "security.protocol": "SSL", "ssl.ca.location": str(cert),
-            "group.id": "tls", "auto.offset.reset": "earliest"})
-        got: list[bytes] = []
-        try:
-            c.assign([confluent_kafka.TopicPartition("tls-topic", 0, 0)])
-            deadline = time.monotonic() + 30
-            while len(got) < len(values) and time.monotonic() < deadline:
-                m = c.poll(0.5)
-                if m is not None and not m.error():
-                    got.append(m.value())
-        finally:
-            c.close()
+        got = [v for _o, v in read_all(f"127.0.0.1:{brokers[other].tls_port}", "tls-topic",
+                                       len(values), **{"security.protocol": "SSL",
+                                                       "ssl.ca.location": str(cert)})]
         assert got == values
         assert "raft link to node" in brokers[other].log()
     finally:
