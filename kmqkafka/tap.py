@@ -60,20 +60,16 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     if store is None:
         from kmqkafka.store.store import ChannelStore
 
-        # A node with peers replicates through Raft. A lone node keeps the local group-commit
-        # proposer for now: the one-member Raft path writes every record twice (Raft log, then
-        # segments) and reaches ~55% of its append throughput on bench/store_bench.py (issue 4
-        # tracks closing that gap and then making the one-member cluster the only path, as
-        # DESIGN.md intends).
-        factory = raft_proposer_factory(settings, reactor) if settings.peers else None
+        # Every node runs Raft; a lone node is a cluster of one (DESIGN.md), which writes its
+        # appends through to the segments and keeps only their positions in the Raft log.
+        factory = raft_proposer_factory(settings, reactor)
         store = ChannelStore(settings.data_dir, reactor, registry=registry,
                              proposer_factory=factory)
-        if factory is not None:
-            from kmqkafka.raft.metrics import RaftCollector
+        from kmqkafka.raft.metrics import RaftCollector
 
-            registry.register(RaftCollector(
-                lambda: getattr(store, "proposer", None),
-                settings.raft_tick_ms * settings.raft_election_ticks / 1000))
+        registry.register(RaftCollector(
+            lambda: getattr(store, "proposer", None),
+            settings.raft_tick_ms * settings.raft_election_ticks / 1000))
     broker = Broker(settings=settings, reactor=reactor, metrics=metrics, store=store)
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher

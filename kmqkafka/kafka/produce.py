@@ -111,7 +111,7 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
         if exc.code is not ErrorCode.topic_already_exists:
             return all_failed(exc.code, exc.message)
         created = None
-    # The create command is applied at once; appending now keeps request order per partition.
+    # A store without Raft applies the create at once: appending now keeps request order.
     topic = topics.get(topic_key)
     if topic is not None:
         d = _produce_partitions(ctx, topic, partitions, acks)
@@ -123,9 +123,19 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
         return d
     assert created is not None
 
+    def lost_race(f: Any) -> Any:
+        # Another request's create of this name was ordered first (both were proposed before
+        # either applied): produce to the topic it made.
+        f.trap(KafkaError)
+        existing = topics.get(topic_key)
+        if f.value.code is ErrorCode.topic_already_exists and existing is not None:
+            return existing
+        return f
+
     def then(t: Topic) -> Deferred:
         return _produce_partitions(ctx, t, partitions, acks)
 
+    created.addErrback(lost_race)
     created.addCallback(then)
     created.addErrback(lambda f: [(p.index, error_code_for(f.value), -1, -1, -1, None)
                                   for p in partitions])

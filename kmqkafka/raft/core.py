@@ -355,6 +355,12 @@ class RaftNode:
         """The voter a transfer in progress hands leadership to, if any."""
         return self._transferee
 
+    def swap_applied(self, entries: Sequence[Entry]) -> int:
+        """Replace applied, persisted entries by copies with the same index and term (a
+        one-member cluster's ELIDED entries, so its log does not hold written-through data
+        until the next compaction)."""
+        return self._log.swap_applied(entries)
+
     def compact(self, index: int, data: bytes) -> Snapshot:
         """The application saved its state up to ``index`` (<= applied) as ``data``: drop the
         log prefix. Returns the snapshot; the driver persists it (``MemoryStorage.compact``)

@@ -26,11 +26,14 @@ An application with ``compaction_point(applied) -> (index, data) | None`` instea
 that is durable already (a one-member cluster: its applied-index checkpoint); the loop then
 only pauses for the storage's small COMPACT write.
 
-Early apply (one-member cluster only): with ``can_stage(entry)``/``stage(entries)``/``publish()``
-the application applies committed entries while their own ``save`` is still running on the I/O
-thread and answers for them only at ``publish`` (after the save): applying overlaps the fsync.
-The application must keep staged effects invisible and undoable by crash recovery until then
-(``RaftProposer.stage`` states the argument).
+Write-through (one-member cluster only): with ``can_stage(entry)``/``stage(entries)``/
+``write_through()``/``publish()`` the application applies the leading committed entries of a
+Ready first, then makes its own state durable (``write_through() -> Deferred``: segments and an
+applied-index checkpoint) while ``storage.save`` writes those entries *elided* (``ELIDED``: the
+position and term only), and answers for them at ``publish``, once both returned. A record is
+then written to disk once (its segment), not twice (Raft log, then segment). Crash recovery
+copes with either write missing (``RaftProposer.stage`` states the argument). Only while the
+persisted term and vote stay as they are, so an elided entry's term is always the saved one.
 
 Optional application hooks: ``has_pending()`` / ``before_ready()`` let the application keep
 proposals in its own outbox and hand them to the core right before a Ready is cut (so many
@@ -47,14 +50,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from dataclasses import replace
+
+from twisted.internet.defer import FirstError, gatherResults
+
 from kmqkafka.raft.core import RaftNode, Ready, Role, SoftState
-from kmqkafka.raft.messages import Append, Entry, Heartbeat, InstallSnapshot, Message, Snapshot
+from kmqkafka.raft.messages import (
+    ELIDED, Append, Entry, EntryKind, Heartbeat, InstallSnapshot, Message, Snapshot,
+)
 
 __all__ = ["Application", "RaftDriver", "Transport"]
 
@@ -63,6 +72,11 @@ log = Logger()
 _EARLY = (Append, Heartbeat)  # a leader sends these before its own save (see ``_process``)
 
 IORunner = Callable[..., Deferred]
+
+
+def _first_error(failure: Failure) -> Failure:
+    """The failure inside ``gatherResults``' FirstError (the driver logs the real cause)."""
+    return failure.value.subFailure if failure.check(FirstError) else failure
 
 
 class Application(Protocol):
@@ -128,6 +142,10 @@ class RaftDriver:
         self.failed: Failure | None = None
         self.ready_count = 0
         self.compactions = 0
+        hs = getattr(storage, "hard_state", None)
+        # (term, vote) as last saved: write-through only while a Ready leaves them alone.
+        self._saved_vote = (hs.term, hs.vote) if hs is not None else (0, 0)
+        self.elided_entries = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -300,34 +318,69 @@ class RaftDriver:
             if early:
                 late = [m for m in late if not (type(m) in _EARLY and m.term == term)]
                 self._transport.send(early)
-        if rd.snapshot is not None or rd.entries or rd.hard_state is not None:
+        staged = self._stage(rd) if self._may_write_through(rd) else 0
+        if staged:
+            rd, d = self._write_through(rd, staged)
+        elif rd.snapshot is not None or rd.entries or rd.hard_state is not None:
             d = self._run_io(self.storage.save, rd)
         else:
             d = succeed(None)
-        staged = self._stage(rd) if not d.called else 0
         early_applied = self._apply_stable(rd) if not d.called and not staged else 0
         d.addCallback(self._persisted, rd, staged, late, early_applied)
         d.addErrback(self._fatal)
 
+    def _may_write_through(self, rd: Ready) -> bool:
+        """One-member cluster, new entries committed at once, no snapshot, and the saved term
+        and vote unchanged by this Ready."""
+        if (getattr(self._app, "write_through", None) is None or not rd.entries
+                or rd.snapshot is not None or not rd.committed_entries
+                or self.node.voters != {self.node.id}):
+            return False
+        hs = rd.hard_state
+        return hs is None or (hs.term, hs.vote) == self._saved_vote
+
     def _stage(self, rd: Ready) -> int:
-        """One-member cluster: apply the leading committed entries the application allows
-        (``app.can_stage``) while ``storage.save`` runs on the I/O thread, so applying overlaps
-        the fsync. The application answers nothing and shows nothing of them before
-        ``app.publish()``, called once the save returned (see ``RaftProposer.stage``).
-        Returns how many were applied."""
-        stage = getattr(self._app, "stage", None)
-        if (stage is None or not rd.entries or rd.snapshot is not None
-                or not rd.committed_entries or self.node.voters != {self.node.id}):
-            return 0
+        """Apply the leading committed entries of this Ready the application allows
+        (``app.can_stage``); it answers nothing for them before ``app.publish()``. Returns how
+        many were applied."""
         can = self._app.can_stage
+        first_new = rd.entries[0].index
         n = 0
         for entry in rd.committed_entries:
-            if not can(entry):
+            if entry.index < first_new or not can(entry):
                 break
             n += 1
         if n:
-            stage(rd.committed_entries[:n])
+            self._app.stage(rd.committed_entries[:n])
         return n
+
+    def _write_through(self, rd: Ready, staged: int) -> tuple[Ready, Deferred]:
+        """Persist a Ready whose first ``staged`` committed entries are applied already: the
+        application's own flush makes them durable, the Raft log gets them elided. Both run
+        at once; the Deferred fires when both are done. Returns the Ready as saved (its
+        entries elided) with that Deferred; ``_persisted`` swaps them into the core too."""
+        last = rd.committed_entries[staged - 1].index
+        entries = tuple(
+            Entry(e.index, e.term, e.kind, ELIDED)
+            if e.index <= last and e.kind is EntryKind.NORMAL else e
+            for e in rd.entries)
+        elided = sum(1 for e in entries if e.data is ELIDED)
+        self.elided_entries += elided
+        flushed = self._app.write_through()
+        rd = replace(rd, entries=entries)
+        if elided < len(entries):
+            saved = self._run_io(self.storage.save, rd)
+        else:
+            # Positions only, and the checkpoint makes them durable: a page-cache write
+            # here, no fsync (the Raft log is only ever behind or ahead of the checkpoint,
+            # both of which recovery handles).
+            try:
+                self.storage.save(rd, sync_entries=False)
+                saved = succeed(None)
+            except Exception:
+                saved = fail()
+        done = gatherResults([flushed, saved], consumeErrors=True).addErrback(_first_error)
+        return rd, done
 
     def _apply_stable(self, rd: Ready) -> int:
         """Several voters: apply the leading committed entries this node already holds on disk
@@ -353,6 +406,8 @@ class RaftDriver:
 
     def _persisted(self, _: object, rd: Ready, staged: int = 0,
                    late: Sequence[Message] | None = None, early_applied: int = 0) -> None:
+        if rd.hard_state is not None:
+            self._saved_vote = (rd.hard_state.term, rd.hard_state.vote)
         messages = rd.messages if late is None else late
         if messages:
             self._transport.send(messages)
@@ -363,6 +418,8 @@ class RaftDriver:
         for entry in rd.committed_entries[max(staged, early_applied):]:
             self._app.apply(entry)
         self.node.advance(rd)
+        if staged:
+            self.node.swap_applied([e for e in rd.entries if e.data is ELIDED])
         self._busy = False
         self._release_applied()
         if not self._maybe_compact():

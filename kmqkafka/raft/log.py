@@ -46,8 +46,9 @@ class MemoryStorage:
     snapshot: Snapshot | None = None
     entries: list[Entry] = field(default_factory=list)
 
-    def save(self, ready: "Ready") -> None:
+    def save(self, ready: "Ready", sync_entries: bool = True) -> None:
         """Persist one Ready in its required order: snapshot, then entries, then hard state.
+        (``sync_entries`` means nothing in memory; ``DiskStorage.save`` explains it.)
 
         A snapshot replaces the whole persisted log. ``ready.entries`` overwrite from their first
         index: every stored entry at or after ``ready.entries[0].index`` is dropped first.
@@ -180,6 +181,18 @@ class RaftLog:
         matching (index, term) implies an identical prefix, so the check suffices)."""
         if self.term_at(index) == term and index >= self.unstable:
             self.unstable = index + 1
+
+    def swap_applied(self, entries: Sequence[Entry]) -> int:
+        """Put other copies (same index and term, e.g. without their data) in place of
+        applied, persisted entries; others are left alone. Returns how many were swapped."""
+        n = 0
+        for e in entries:
+            offset = e.index - self.snap_index - 1
+            if (0 <= offset < len(self.entries) and e.index <= self.applied
+                    and e.index < self.unstable and self.entries[offset].term == e.term):
+                self.entries[offset] = e
+                n += 1
+        return n
 
     def restore(self, meta: SnapshotMeta) -> None:
         """Replace the whole log by a snapshot."""

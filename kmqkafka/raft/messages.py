@@ -17,7 +17,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 __all__ = [
-    "Append", "AppendResp", "ConfChange", "ConfChangeOp", "DecodeError", "Entry", "EntryKind",
+    "ELIDED", "Append", "AppendResp", "ConfChange", "ConfChangeOp", "DecodeError", "Entry",
+    "EntryKind",
     "Heartbeat", "HeartbeatResp", "InstallSnapshot", "InstallSnapshotResp", "Message", "MsgType",
     "Gather", "PreVote", "PreVoteResp", "Snapshot", "SnapshotMeta", "TimeoutNow", "Vote",
     "VoteResp", "decode", "encode", "encode_parts",
@@ -64,6 +65,12 @@ class Gather:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+ELIDED = b"\xf1"
+"""The data of an entry written to a one-member cluster's Raft log without its command: the
+command's effect was made durable by the application itself (see ``RaftDriver``'s
+write-through). No command encoding is this one byte."""
 
 
 @dataclass(frozen=True, slots=True)

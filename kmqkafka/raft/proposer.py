@@ -24,9 +24,11 @@ fetched by a lagging follower through the transport before it installs the snaps
 
 One-member cluster (no transport): an entry's data is a ``Gather`` of the command's pieces
 (an Append's batch is never copied; the command object rides along, so applying needs no
-decode), and Append entries are applied while their own Raft log write and fsync run on the
-I/O thread (``stage``/``publish``; the crash argument is in ``stage``'s docstring). Only the
-answers and the readers' high watermark wait for the fsync.
+decode), and Append entries are written through: applied first, then made durable by the
+store's own group-commit flush (segments, then an applied-index checkpoint) while the Raft log
+records them ``ELIDED`` (``stage``/``write_through``/``publish``; the crash argument is in
+``stage``'s docstring). Each record reaches the disk once, as with ``LocalProposer``; the
+answers and the readers' high watermark wait for both writes.
 
 Graceful stop of a cluster's leader (SIGTERM stops the service, which stops the store):
 leadership goes to the most up-to-date follower first (``_hand_over``).
@@ -54,7 +56,8 @@ from kmqkafka.raft.driver import RaftDriver
 from kmqkafka.raft.errors import (
     CommitTimeout, NoLeaderError, NotLeaderError, ProposalLost, TransportError,
 )
-from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot
+from kmqkafka.raft.log import HardState
+from kmqkafka.raft.messages import ELIDED, Entry, EntryKind, Gather, Snapshot, SnapshotMeta
 from kmqkafka.raft.storage import DiskStorage
 from kmqkafka.store import commands as c
 from kmqkafka.store.errors import StoreError, StoreStopped
@@ -252,8 +255,8 @@ class RaftProposer:
         self._staged: list[tuple[_Pending, Any]] = []  # applied early, answered at publish
         self._staging = False
         self._unpublished = False
-        self._commit.hold = self._hold_checkpoint
         self.staged_entries = 0
+        self.lost_elided = 0  # elided entries found past the checkpoint at start (unanswered)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -275,8 +278,8 @@ class RaftProposer:
 
     @property
     def _solo(self) -> bool:
-        """No transport, one member: entries never leave this process (zero-copy data)."""
-        return self._transport is None and len(self.members) <= 1
+        """The only voter: entries never leave this process (zero-copy data, write-through)."""
+        return len(self.members) <= 1
 
     @property
     def snapshot_dir(self) -> Path:
@@ -294,6 +297,7 @@ class RaftProposer:
         self.storage = storage
         self._refuse_unreplicated_data(storage)
         self._check_voters(storage)
+        self._adopt_checkpoint(storage)
         snap = storage.snapshot
         if snap is not None and self.machine.last_applied < snap.meta.index:
             # Crashed between persisting an installed snapshot and restoring the machine.
@@ -315,6 +319,21 @@ class RaftProposer:
         log.info("raft node {id} of {voters} starting: replay to {target}, checkpoint {ckpt}",
                  id=self.node_id, voters=sorted(voters), target=target, ckpt=self._skip_to)
         return self.driver.wait_applied(target)
+
+    def _adopt_checkpoint(self, storage: Any) -> None:
+        """A one-member cluster that crashed after a write-through checkpoint but before the
+        Raft log held the entries it covers: the checkpoint is the truth (those appends are on
+        disk), so the Raft log restarts at it, as if compacted there. Those entries carried
+        the saved term (``RaftDriver`` writes through only while the term stands)."""
+        applied = self.machine.last_applied
+        if len(self.members) > 1 or applied <= storage.last_index:
+            return
+        hs = storage.hard_state
+        log.warn("the checkpoint ({applied}) is ahead of the raft log ({last}): "
+                 "restarting the raft log there", applied=applied, last=storage.last_index)
+        snap = Snapshot(SnapshotMeta(applied, hs.term, frozenset({self.node_id})),
+                        checkpoint_ref(applied))
+        storage.restart_at(snap, HardState(hs.term, hs.vote, applied))
 
     def _refuse_unreplicated_data(self, storage: Any) -> None:
         """A node whose store holds data no Raft log has ever carried (a lone node's data dir)
@@ -636,6 +655,7 @@ class RaftProposer:
                                     f"(leader hint: {leader})"))
 
     def _fail(self, p: _Pending, error: StoreError) -> None:
+        p.data = p.command = None  # answered: ``_live`` keeps it until the sweep, not its data
         if not p.d.called:
             p.d.errback(error)
 
@@ -643,6 +663,7 @@ class RaftProposer:
         """Fire at apply time, ``durable`` or not: the entry is fsynced in the Raft log (and
         on a cluster committed by a quorum) before it is applied, and a crash replays it
         from there (see ``store/checkpoint.py``); the segment fsync is background work."""
+        p.data = p.command = None  # answered: ``_live`` keeps it until the sweep, not its data
         if p.d.called:
             return
         if isinstance(outcome, Failure):
@@ -694,7 +715,13 @@ class RaftProposer:
         group: list[Any] | None = None
         data = entry.data
         payload = data.payload if type(data) is Gather else None
-        if entry.kind is EntryKind.NORMAL and payload is not None:
+        if payload is None and entry.kind is EntryKind.NORMAL and data == ELIDED:
+            # Written through, but the crash came before its checkpoint: never answered, and
+            # recovery cut its bytes off. Nothing to apply (see ``stage``).
+            self.lost_elided += 1
+            self.machine.last_applied = max(self.machine.last_applied, index)
+            outcome = None
+        elif entry.kind is EntryKind.NORMAL and payload is not None:
             # Our own entry (one-member cluster): the commands are at hand, no decode.
             if type(payload) is list:
                 outcome, group = None, self._apply_group(index, payload)
@@ -784,18 +811,23 @@ class RaftProposer:
         return type(payload) is c.Append
 
     def stage(self, entries: list[Entry]) -> None:
-        """Driver hook: apply ``entries`` (all ``can_stage``) now, while the Raft log write
-        that makes them durable is still running on the I/O thread.
+        """Driver hook: apply ``entries`` (all ``can_stage``) now; ``write_through`` then makes
+        them durable while the Raft log records them ``ELIDED``, and ``publish`` answers.
 
-        Safe on a one-member cluster because nothing of theirs is observable before
-        ``publish`` (called once that fsync returned): results are held back, readers stay
-        bounded by the high watermark (``StateMachine.hold_visibility``), and no checkpoint is
-        cut meanwhile (``_hold_checkpoint``), so the applied-index journal never names an
-        index the Raft log does not hold. If the process dies first, the segments hold bytes
-        past the last checkpoint; recovery cuts every channel back to that checkpoint and the
-        Raft log replays what it holds, so an entry whose append did not reach the disk leaves
-        no trace, and one that did is applied exactly once. If the fsync fails, the driver
-        stops (``publish`` never runs): nothing staged is ever acknowledged or checkpointed.
+        Nothing of theirs is observable before it is durable: results are held until
+        ``publish``, and readers see the new records only once the segment fsync returned
+        (``StateMachine.hold_visibility``; the flush's ``complete_flush`` moves the high
+        watermark). Two writes run at once, so a crash can leave either without the other:
+
+        - the checkpoint made it, the Raft log did not: the segments hold the records and the
+          checkpoint names their index; ``_adopt_checkpoint`` restarts the Raft log there;
+        - the Raft log made it (ELIDED entries), the checkpoint did not: recovery cuts the
+          segments back to the previous checkpoint, and replay meets ELIDED entries past it,
+          which apply as nothing (``apply``). They were never answered, so nothing acknowledged
+          is lost, and nothing is stored twice.
+
+        An ELIDED entry never leaves this node: write-through runs only while it is the sole
+        voter, and a one-member cluster's log compacts to its checkpoint.
         """
         self._staging = True
         self._unpublished = True
@@ -808,9 +840,14 @@ class RaftProposer:
             self.machine.hold_visibility(False)
         self.staged_entries += len(entries)
 
+    def write_through(self) -> Deferred:
+        """Driver hook: fires once everything applied so far, the staged entries included, is
+        fsynced and covered by an applied-index checkpoint."""
+        return self._commit.drain()
+
     def publish(self) -> None:
-        """Driver hook: the Raft append of the staged entries is durable: show them to
-        readers, answer their proposals, let checkpoints run again."""
+        """Driver hook: the staged entries are durable (segments and checkpoint) and in the
+        Raft log: show them to readers and answer their proposals."""
         self.machine.release_visibility()
         staged, self._staged = self._staged, []
         self._unpublished = False
@@ -819,11 +856,6 @@ class RaftProposer:
                 self._fail(p, outcome)
             else:
                 self._resolve(p, outcome)
-        self._commit.release()
-
-    def _hold_checkpoint(self) -> bool:
-        """GroupCommit hook: no flush (checkpoint) may capture staged, unpublished state."""
-        return self._unpublished
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -348,10 +348,12 @@ class DiskStorage:
 
     # ------------------------------------------------------------------ writes
 
-    def save(self, ready: "Ready") -> None:
+    def save(self, ready: "Ready", sync_entries: bool = True) -> None:
         """Persist a Ready: snapshot (starts a new file), then entries, then hard state.
 
-        Blocking (I/O thread). Returns once durable as the module docstring describes.
+        Blocking (I/O thread). Returns once durable as the module docstring describes;
+        ``sync_entries=False`` skips the fsync entries alone would need (a one-member
+        cluster's ELIDED entries: their durability is the application's checkpoint).
         """
         if ready.snapshot is not None:
             hs = ready.hard_state or self.hard_state
@@ -373,7 +375,7 @@ class DiskStorage:
             for e in ready.entries:
                 pieces.extend(_entry_pieces(e, seed))
             f.last_index = max(f.last_index, ready.entries[-1].index)
-        sync = bool(ready.entries)
+        sync = bool(ready.entries) and sync_entries
         if ready.hard_state is not None:
             old = self.hard_state
             self.hard_state = ready.hard_state
@@ -408,6 +410,16 @@ class DiskStorage:
         self._files = keep + self._files[-1:]
         if gone:
             fsync_dir(self.directory)
+
+    def restart_at(self, snapshot: Snapshot, hard_state: HardState) -> None:
+        """Start-up only (blocking): the application's durable state is at ``snapshot``,
+        past every entry held here (a one-member cluster whose checkpoint outran its last
+        save): the log restarts after it, as an installed snapshot would make it."""
+        self.snapshot = snapshot
+        self.entries = []
+        self._start = snapshot.meta.index + 1
+        self.hard_state = hard_state
+        self._restart_with_snapshot()
 
     def _write(self, pieces: list[Any]) -> None:
         f = self._files[-1]

@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from kmqkafka.raft.errors import NoLeaderError
+from kmqkafka.raft.messages import ELIDED, Gather
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
 from kmqkafka.store.errors import ChannelExists, StoreStopped
@@ -337,63 +338,8 @@ def _settle(clock: Clock, io: _HeldIO) -> None:
                 return
 
 
-def test_one_member_applies_appends_while_their_raft_write_runs_but_answers_after(tmp_path):
-    clock = Clock()
-    clock.advance(1_700_000_000)
-    io = _HeldIO()
-    store = _solo_store(tmp_path, clock, io)
-    started: list = []
-    store.start().addBoth(started.append)
-    _settle(clock, io)
-    assert started == [None]
-    created: list = []
-    store.create_channel("kafka.e").addBoth(created.append)
-    _settle(clock, io)
-    assert created == [True]
-    proposer = store.proposer
-    ch = store.machine.channels["kafka.e"]
-    flushes = proposer.flush_count
-    acks: list = []
-    for i in range(3):
-        store.append_batch("kafka.e", batch(b"x%d" % i)).addBoth(acks.append)
-    clock.advance(0)                   # the Ready is cut, its save is on the "I/O thread"
-    assert len(io.calls) == 1
-    assert proposer.staged_entries >= 1
-    assert ch.next_sequence == 4       # applied to the segment page cache already...
-    assert store.bounds("kafka.e").high_watermark == 1   # ...but not visible
-    assert acks == []                  # ...and not acknowledged
-    proposer._checkpoint_now()         # a checkpoint asked for now must wait
-    clock.advance(0)
-    assert proposer._commit.held and proposer.flush_count == flushes
-    io.finish()                        # the Raft log fsync returned
-    assert [a.first_sequence for a in acks] == [1, 2, 3]
-    assert store.bounds("kafka.e").high_watermark == 4
-    _settle(clock, io)
-    assert not proposer._commit.held and proposer.flush_count > flushes
-    assert values(store, "kafka.e") == [b"x0", b"x1", b"x2"]
-
-
-def test_one_member_staged_appends_vanish_if_the_raft_write_never_completes(tmp_path):
-    """A crash while the Raft append is in flight: the segments hold the staged bytes, the Raft
-    log does not; recovery cuts them off and nothing acknowledged is lost or duplicated."""
-    clock = Clock()
-    clock.advance(1_700_000_000)
-    io = _HeldIO()
-    store = _solo_store(tmp_path, clock, io)
-    store.start()
-    _settle(clock, io)
-    store.create_channel("kafka.e")
-    _settle(clock, io)
-    acked: list = []
-    store.append_batch("kafka.e", batch(b"kept")).addBoth(acked.append)
-    _settle(clock, io)
-    assert acked[0].first_sequence == 1
-    lost: list = []
-    store.append_batch("kafka.e", batch(b"lost")).addBoth(lost.append)
-    clock.advance(0)
-    assert io.calls and store.machine.channels["kafka.e"].next_sequence == 3
-    # Crash: the save never ran; the process dies with the staged bytes in the segment.
-    io.calls = []
+def _crash(store: ChannelStore) -> None:
+    """Lose the process: nothing more is written, no clean stop."""
     p = store.proposer
     p._stopped = p.driver._stopped = True
     if p.driver._ticker.running:
@@ -403,6 +349,73 @@ def test_one_member_staged_appends_vanish_if_the_raft_write_never_completes(tmp_
             loop.stop()
     p.storage.close()
     store.machine.close()
+
+
+def _solo_with_channel(tmp_path: Path, clock: Clock, io: _HeldIO) -> ChannelStore:
+    store = _solo_store(tmp_path, clock, io)
+    started: list = []
+    store.start().addBoth(started.append)
+    _settle(clock, io)
+    assert started == [None]
+    created: list = []
+    store.create_channel("kafka.e").addBoth(created.append)
+    _settle(clock, io)
+    assert created == [True]
+    return store
+
+
+def test_one_member_writes_appends_through_and_its_raft_log_holds_them_elided(tmp_path):
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_with_channel(tmp_path, clock, io)
+    proposer = store.proposer
+    ch = store.machine.channels["kafka.e"]
+    acks: list = []
+    for i in range(3):
+        store.append_batch("kafka.e", batch(b"x%d" % i * 1000)).addBoth(acks.append)
+    proposer.write_through = lambda: held  # the segment flush and checkpoint: held
+    held: Deferred = Deferred()
+    clock.advance(0)                   # the Ready is cut: applied, then both writes start
+    assert proposer.staged_entries >= 1
+    assert io.calls == []              # ELIDED entries alone: written inline, no fsync
+    assert ch.next_sequence == 4       # applied to the segment page cache already...
+    assert store.bounds("kafka.e").high_watermark == 1   # ...but neither visible...
+    assert acks == []                  # ...nor answered
+    del proposer.write_through
+    proposer.write_through().chainDeferred(held)   # the real flush: segments + checkpoint
+    clock.advance(0)
+    assert [a.first_sequence for a in acks] == [1, 2, 3]
+    assert store.bounds("kafka.e").high_watermark == 4
+    assert store.machine.journal.durable_applied == store.machine.last_applied
+    elided = [e for e in proposer.storage.entries if e.data == ELIDED]
+    assert elided and proposer.driver.elided_entries == len(elided)
+    # ...and neither does the core's in-memory log keep the batches until a compaction.
+    assert not any(type(e.data) is Gather for e in proposer.driver.node._log.entries)
+    wal = sum(f.stat().st_size for f in (tmp_path / "raft").glob("wal.*"))
+    assert wal < 3000, "the records went to the Raft log as well as to the segment"
+    _settle(clock, io)
+    assert values(store, "kafka.e") == [b"x0" * 1000, b"x1" * 1000, b"x2" * 1000]
+
+
+def test_one_member_crash_after_the_raft_write_but_before_the_checkpoint(tmp_path):
+    """The ELIDED entries are durable, the checkpoint is not: recovery cuts the segment back
+    and the replayed ELIDED entries apply as nothing. They were never answered."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_with_channel(tmp_path, clock, io)
+    acked: list = []
+    store.append_batch("kafka.e", batch(b"kept")).addBoth(acked.append)
+    _settle(clock, io)
+    assert acked[0].first_sequence == 1
+    store.proposer.write_through = lambda: Deferred()  # the flush never returns
+    lost: list = []
+    store.append_batch("kafka.e", batch(b"lost")).addBoth(lost.append)
+    clock.advance(0)                   # the Raft log now holds the ELIDED entry
+    assert store.proposer.storage.entries[-1].data == ELIDED
+    assert store.machine.channels["kafka.e"].next_sequence == 3
+    _crash(store)
     assert lost == []
     io2 = _HeldIO()
     again = _solo_store(tmp_path, clock, io2)
@@ -410,9 +423,52 @@ def test_one_member_staged_appends_vanish_if_the_raft_write_never_completes(tmp_
     again.start().addBoth(started.append)
     _settle(clock, io2)
     assert started == [None]
+    assert again.proposer.lost_elided == 1
     assert values(again, "kafka.e") == [b"kept"]
     r: list = []
     again.append_batch("kafka.e", batch(b"next")).addBoth(r.append)
     _settle(clock, io2)
     assert r[0].first_sequence == 2
     assert values(again, "kafka.e") == [b"kept", b"next"]
+
+
+def test_one_member_crash_after_the_checkpoint_but_before_the_raft_write(tmp_path):
+    """The checkpoint names entries the Raft log lost (its ELIDED write is not fsynced: an
+    OS crash can drop it): the Raft log restarts at the checkpoint, the records it covers
+    stay, and later appends continue after them, across further restarts."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_with_channel(tmp_path, clock, io)
+    acked: list = []
+    store.append_batch("kafka.e", batch(b"kept")).addBoth(acked.append)
+    _settle(clock, io)
+    assert acked[0].first_sequence == 1
+    answered: list = []
+    storage = store.proposer.storage
+    storage.save = lambda rd, sync_entries=True: None  # its unsynced write is lost
+    store.append_batch("kafka.e", batch(b"durable")).addBoth(answered.append)
+    clock.advance(0)                   # applied; the flush (inline here) and checkpoint ran
+    assert store.machine.journal.durable_applied == store.machine.last_applied
+    assert storage.last_index < store.machine.last_applied
+    assert answered[0].first_sequence == 2
+    _crash(store)
+    for round_ in range(2):
+        io2 = _HeldIO()
+        again = _solo_store(tmp_path, clock, io2)
+        started: list = []
+        again.start().addBoth(started.append)
+        _settle(clock, io2)
+        assert started == [None]
+        if round_ == 0:  # the Raft log was restarted at the checkpoint
+            assert again.proposer.storage.snapshot.data.startswith(b"kmq-checkpoint:")
+        expect = [b"kept", b"durable"] + [b"next%d" % k for k in range(round_)]
+        assert values(again, "kafka.e") == expect
+        r: list = []
+        again.append_batch("kafka.e", batch(b"next%d" % round_)).addBoth(r.append)
+        _settle(clock, io2)
+        assert r[0].first_sequence == len(expect) + 1
+        stopped: list = []
+        again.stop().addBoth(stopped.append)
+        _settle(clock, io2)
+        assert stopped == [None]
