@@ -254,6 +254,17 @@ class RaftNode:
     def snapshot_index(self) -> int:
         return self._log.snap_index
 
+    def slowest_follower(self) -> int | None:
+        """Leader: the lowest match index among the other voters heard from lately that the
+        log can still catch up without a snapshot (above the snapshot index); None otherwise.
+        Compacting
+        the log past it would turn that follower's catch-up into a snapshot transfer."""
+        if self.role is not Role.LEADER:
+            return None
+        matches = [pr.match for v, pr in self._progress.items()
+                   if v != self.id and pr.recent_active and pr.match >= self._log.snap_index]
+        return min(matches) if matches else None
+
     # ------------------------------------------------------------------ inputs
 
     def tick(self) -> None:

@@ -142,6 +142,7 @@ class RaftDriver:
         self.failed: Failure | None = None
         self.ready_count = 0
         self.compactions = 0
+        self._taken: tuple[int, bytes] | None = None  # a snapshot waiting for slow followers
         hs = getattr(storage, "hard_state", None)
         # (term, vote) as last saved: write-through only while a Ready leaves them alone.
         self._saved_vote = (hs.term, hs.vote) if hs is not None else (0, 0)
@@ -487,14 +488,15 @@ class RaftDriver:
 
             self._run_io(self.storage.compact, snapshot).addBoth(finished)
             return True
+        if self._taken is not None:
+            return self._compact_taken()
         self._busy = True
-        log.info("compacting the raft log to {index}", index=applied)
-        self.compactions += 1
+        log.info("snapshotting at {index} to compact the raft log", index=applied)
         d = self._app.take_snapshot(applied)
 
-        def compact(data: bytes) -> Deferred:
-            snapshot = node.compact(applied, data)
-            return self._run_io(self.storage.compact, snapshot)
+        def taken(data: bytes) -> Deferred | None:
+            self._taken = (applied, data)
+            return self._compact_taken(resume=False)
 
         def done(result: object) -> None:
             self._busy = False
@@ -503,5 +505,39 @@ class RaftDriver:
                 self._compact_entries *= 2  # do not retry on every turn
             self._after_turn()
 
-        d.addCallback(compact).addBoth(done)
+        d.addCallback(taken).addBoth(done)
+        return True
+
+    def _compact_taken(self, resume: bool = True) -> Any:
+        """Compact to the snapshot taken last, once no follower the log can still catch up
+        needs entries it covers (a leader waits for its slowest live follower rather than
+        send it the whole store), or once the Raft log has grown to twice its compaction
+        threshold. With ``resume`` (a turn of the loop), returns whether the loop paused for
+        it; without (inside the snapshot chain), a Deferred or None."""
+        assert self._taken is not None
+        index, data = self._taken
+        if index <= self.node.snapshot_index:  # a snapshot from the leader covers it already
+            self._taken = None
+            return False if resume else None
+        slowest = self.node.slowest_follower()
+        oversized = getattr(self.storage, "wal_bytes", 0) >= 2 * self._compact_bytes
+        if slowest is not None and slowest < index and not oversized:
+            return False if resume else None
+        self._taken = None
+        log.info("compacting the raft log to {index}", index=index)
+        self.compactions += 1
+        snapshot = self.node.compact(index, data)
+        d = self._run_io(self.storage.compact, snapshot)
+        if not resume:
+            return d
+        self._busy = True
+
+        def done(result: object) -> None:
+            self._busy = False
+            if isinstance(result, Failure):
+                self._fatal(result)  # the Raft log's files are in an unknown state
+                return
+            self._after_turn()
+
+        d.addBoth(done)
         return True

@@ -71,6 +71,7 @@ log = Logger()
 
 IORunner = Callable[..., Deferred]
 _RECENT = 8192  # applied results kept for forward replies that arrive after the apply
+_SNAPSHOT_COPY_MAX = 16 << 20  # larger active segments are rolled, not copied, by a snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -918,8 +919,15 @@ class RaftProposer:
         self._skip_to = max(getattr(self, "_skip_to", 0), snapshot.meta.index)
 
     def take_snapshot(self, index: int) -> Deferred:
-        """Flush, then write the state at ``index`` to ``snapshots/<index>`` (I/O thread)."""
+        """Flush, roll large active segments (and flush their indexes), then write the state
+        at ``index`` to ``snapshots/<index>`` (I/O thread): closed segments are hard-linked,
+        only small active ones are copied."""
         dest = self.snapshot_dir / f"{index:020d}"
+
+        def roll(_: object) -> Deferred | None:
+            if self.machine.roll_for_snapshot(_SNAPSHOT_COPY_MAX):
+                return self._commit.drain()
+            return None
 
         def snap(_: object) -> Deferred:
             if self.machine.last_applied != index:
@@ -933,7 +941,7 @@ class RaftProposer:
                 shutil.rmtree(old, ignore_errors=True)
             return snapshot_ref(index)
 
-        return self._commit.drain().addCallback(snap).addCallback(prune)
+        return self._commit.drain().addCallback(roll).addCallback(snap).addCallback(prune)
 
 
 def one_member_factory(reactor: Any, raft_dir: Path, *, node_id: int = 1,

@@ -170,6 +170,11 @@ class ChannelLog:
     def _active(self) -> Segment:
         return self._segments[-1]
 
+    @property
+    def active_bytes(self) -> int:
+        """Size of the segment still being appended to (a snapshot must copy it)."""
+        return self._active.size
+
     # --- open and recovery --------------------------------------------------------
 
     @classmethod

@@ -202,6 +202,19 @@ class StateMachine:
 
     # --- snapshots -------------------------------------------------------------------
 
+    def roll_for_snapshot(self, min_bytes: int) -> int:
+        """Close every active segment of at least ``min_bytes`` (the next flush writes their
+        indexes), so a snapshot hard-links them instead of copying them: a snapshot copies
+        each log's active segment, and an active segment may grow to ``segment.bytes``
+        (1 GiB by default). Segment boundaries are local to this node. Returns how many."""
+        rolled = 0
+        for name, ch in self.channels.items():
+            if ch.active_bytes >= min_bytes:
+                ch.roll()
+                self._dirty.add(name)
+                rolled += 1
+        return rolled
+
     def snapshot(self, dest: Path) -> None:
         """Snapshot every channel and coordinator log into ``dest`` (all must be flushed)."""
         if self.has_unflushed():
