@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from kmqkafka.raft.errors import NoLeaderError
-from kmqkafka.raft.messages import ELIDED
+from kmqkafka.raft.messages import ELIDED, InstallSnapshot
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
 from kmqkafka.store.errors import ChannelExists, StoreStopped
@@ -237,6 +237,40 @@ def test_a_lagging_follower_is_caught_up_by_a_snapshot(tmp_path):
     cl.run(1.0)
     assert values(cl.stores[lagging], "kafka.s") == expect + [b"more"]
     assert r.first_sequence == 61
+
+
+def test_a_leader_waits_for_a_live_follower_before_compacting_past_it(tmp_path):
+    """A follower a moment behind is caught up from the log, not sent the whole store: the
+    leader takes its snapshot but compacts to it only once that follower holds the entries."""
+    cl = Cluster(tmp_path, compact_entries=20, election_ticks=50)
+    leader = cl.wait_leader()
+    ls = cl.stores[leader]
+    slow = next(i for i in cl.ids if i != leader)
+    cl.result(ls.create_channel("kafka.s"))
+    cl.run(0.5)
+    snapshots_sent: list = []
+    send = cl.net.nodes[leader].send
+
+    def counting_send(messages):
+        snapshots_sent.extend(m for m in messages if isinstance(m, InstallSnapshot))
+        send(messages)
+
+    cl.net.nodes[leader].send = counting_send
+    cl.net.down.add(slow)
+    acks = []
+    for i in range(60):  # one Raft entry each (proposals in one turn would share one)
+        acks.append(ls.append_batch("kafka.s", batch(b"v%d" % i)))
+        cl.run()
+    cl.run(0.2)
+    driver = ls.proposer.driver
+    assert all(d.called for d in acks)
+    assert driver._taken is not None, "no snapshot was taken"
+    assert driver.node.snapshot_index < driver._taken[0]  # ...but the log is not compacted
+    cl.net.down.discard(slow)
+    cl.run(3.0)
+    assert driver.node.snapshot_index > 0 and not snapshots_sent
+    expect = values(ls, "kafka.s")
+    assert len(expect) == 60 and values(cl.stores[slow], "kafka.s") == expect
 
 
 # ---------------------------------------------------------------------- graceful hand-over

@@ -66,3 +66,35 @@ def test_snapshot_refuses_unflushed_state(tmp_path):
     store.append_batch("c", build_batch([NewRecord(value=b"x")], now_ms=1))
     with pytest.raises(StoreError):
         store.machine.snapshot(tmp_path / "snap")
+
+
+def test_large_active_segments_are_rolled_so_a_snapshot_links_rather_than_copies(tmp_path):
+    """A snapshot copies each log's active segment; rolling the large ones first leaves it
+    only hard links to make (and the restored state is the same)."""
+    clock = Clock()
+    clock.advance(1000)
+    store = ChannelStore(tmp_path / "a", clock, threaded_io=False)
+    store.start()
+    fired(store.create_channel("kafka.big"), clock)
+    fired(store.create_channel("kafka.small"), clock)
+    for i in range(8):
+        fired(store.append_batch("kafka.big", build_batch([NewRecord(value=bytes([i]) * 4096)],
+                                                           now_ms=1)), clock)
+    fired(store.append_batch("kafka.small", build_batch([NewRecord(value=b"s")], now_ms=1)),
+          clock)
+    machine = store.machine
+    assert machine.roll_for_snapshot(16 * 1024) == 1  # only the big one
+    assert machine.channels["kafka.big"].active_bytes == 0
+    fired(store.proposer.drain(), clock)                # the rolled segment's indexes
+    before = values(store, "kafka.big")
+    snap = tmp_path / "snap"
+    machine.snapshot(snap)
+    big = [p for p in (snap / "channels").rglob("*.log") if p.stat().st_size > 16 * 1024]
+    assert big and all(p.stat().st_nlink >= 2 for p in big)  # linked, not copied
+    fired(store.append_batch("kafka.big", build_batch([NewRecord(value=b"late")], now_ms=1)),
+          clock)
+    machine.restore(snap, clock.seconds() * 1000)
+    assert values(store, "kafka.big") == before
+    res = fired(store.append_batch("kafka.big", build_batch([NewRecord(value=b"n")], now_ms=1)),
+                clock)
+    assert res.first_sequence == 9
