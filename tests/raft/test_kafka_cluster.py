@@ -59,8 +59,12 @@ class Cluster:
                 "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
                 "CONNECTORS_KAFKA_PORT": str(self.kafka_ports[i]),
                 "KMQKAFKA_RAFT_TICK_MS": "50"}, wait=False)
-        for b in self.brokers.values():
-            _wait_healthy(b, 30)
+        try:
+            for b in self.brokers.values():
+                _wait_healthy(b, 60)
+        except BaseException:
+            self.stop()  # the fixture's finally never sees a Cluster that failed to start
+            raise
 
     def live(self) -> dict[int, Any]:
         return {i: b for i, b in self.brokers.items() if b.proc.poll() is None}
