@@ -446,6 +446,11 @@ class RaftDriver:
                 keep.append((index, d))
         self._applied_waiters = keep
 
+    def fail(self, failure: Failure) -> None:
+        """The application cannot go on applying (its store refused a write): this node stops
+        taking part, as after a failed Raft log write."""
+        self._fatal(failure)
+
     def _fatal(self, failure: Failure) -> None:
         # A failed fsync of the Raft log leaves it in an unknown state: stop taking part.
         log.failure("raft driver failed; this node stops taking part", failure)

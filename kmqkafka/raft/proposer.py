@@ -60,7 +60,7 @@ from kmqkafka.raft.log import HardState
 from kmqkafka.raft.messages import ELIDED, Entry, EntryKind, Gather, Snapshot, SnapshotMeta
 from kmqkafka.raft.storage import DiskStorage
 from kmqkafka.store import commands as c
-from kmqkafka.store.errors import StoreError, StoreStopped
+from kmqkafka.store.errors import StorageFailure, StoreError, StoreStopped
 from kmqkafka.store.fsutil import write_atomic
 from kmqkafka.store.machine import BatchFailure, StateMachine
 from kmqkafka.store.proposer import GroupCommit
@@ -257,6 +257,8 @@ class RaftProposer:
         self._staging = False
         self._unpublished = False
         self.staged_entries = 0
+        self._write_errors = 0
+        self._write_error_logged = float("-inf")
         self.lost_elided = 0  # elided entries found past the checkpoint at start (unanswered)
 
     # ------------------------------------------------------------------ lifecycle
@@ -482,10 +484,11 @@ class RaftProposer:
 
     def propose(self, command: c.Command, *, durable: bool = True) -> Deferred:
         """Order ``command`` through Raft; fire with its apply result (see module docstring)."""
-        if self._stopped or self._commit.failed or self.driver is None:
+        if self._stopped or self.driver is None:
             return fail(StoreStopped("the store is stopping"))
-        if self.driver.failed is not None:
-            return fail(StoreStopped("the raft log failed; this node takes no writes"))
+        if self._commit.failed or self.driver.failed is not None:
+            return fail(StorageFailure("a write or fsync of this node's store failed: writes "
+                                       "are refused until the daemon restarts and recovers"))
         d: Deferred = Deferred()
         deadline = self._clock.seconds() + self._timeout
         # Keep the pieces (an Append's batch uncopied): a one-member cluster's entries never
@@ -761,6 +764,8 @@ class RaftProposer:
             return self.machine.apply(index, command)
         except StoreError:
             return Failure()
+        except OSError as exc:
+            return Failure(self._write_refused(index, exc))
         except Exception:  # a bug in one command must not stop replication
             log.failure("applying entry {index} failed", index=index)
             self.machine.last_applied = max(self.machine.last_applied, index)
@@ -774,12 +779,31 @@ class RaftProposer:
             self.machine.last_applied = max(self.machine.last_applied, index)
             return []
         for i, res in enumerate(group):
+            if isinstance(res, OSError):
+                res = self._write_refused(index, res)
             if isinstance(res, BaseException):
                 if not isinstance(res, StoreError):
                     log.error("applying command {i} of entry {index} failed: {e!r}",
                               i=i, index=index, e=res)
                 group[i] = Failure(res)
         return group
+
+    def _write_refused(self, index: int, exc: OSError) -> StorageFailure:
+        """The disk refused a write while applying entry ``index`` (ENOSPC, EIO): the segment
+        append cut its tail back, so nothing of the command is stored. The only voter answers
+        that one command with KAFKA_STORAGE_ERROR and keeps serving (replay never re-applies
+        it: its entry is below the next checkpoint, or ELIDED). A member of a larger cluster
+        would now hold less than the others under the same index, so it stops taking part."""
+        self.machine.last_applied = max(self.machine.last_applied, index)
+        self._write_errors += 1
+        now = self._clock.seconds()
+        if now - self._write_error_logged >= 10:
+            log.error("store write failed ({n} since the last report): {error}",
+                      n=self._write_errors, error=exc)
+            self._write_errors, self._write_error_logged = 0, now
+        if not self._solo and self.driver is not None and self.driver.failed is None:
+            self.driver.fail(Failure(exc))
+        return StorageFailure(f"storage write failed: {exc.strerror or exc}")
 
     def _answer(self, p: _Pending, outcome: Any, error: StoreError | None = None) -> None:
         if self._staging:
@@ -843,8 +867,20 @@ class RaftProposer:
 
     def write_through(self) -> Deferred:
         """Driver hook: fires once everything applied so far, the staged entries included, is
-        fsynced and covered by an applied-index checkpoint."""
-        return self._commit.drain()
+        fsynced and covered by an applied-index checkpoint; fails (and so do the staged
+        proposals) if that fsync fails."""
+        d: Deferred = Deferred()
+        if self._commit.failed:
+            d.errback(StorageFailure("an earlier fsync of the store failed"))
+        else:
+            self._commit.add(d, None)
+        return d.addErrback(self._write_through_failed)
+
+    def _write_through_failed(self, failure: Failure) -> Failure:
+        staged, self._staged = self._staged, []
+        for p, _outcome in staged:
+            self._fail(p, StorageFailure("the store's fsync failed: the write is not durable"))
+        return failure
 
     def publish(self) -> None:
         """Driver hook: the staged entries are durable (segments and checkpoint) and in the

@@ -507,3 +507,71 @@ def test_one_member_crash_after_the_checkpoint_but_before_the_raft_write(tmp_pat
         again.stop().addBoth(stopped.append)
         _settle(clock, io2)
         assert stopped == [None]
+
+
+def test_one_member_refused_disk_write_fails_that_append_only(tmp_path, monkeypatch):
+    """ENOSPC while a lone node writes a batch through: that append fails with StorageFailure
+    (Kafka's KAFKA_STORAGE_ERROR), nothing of it is stored, and the node keeps serving."""
+    import errno
+
+    from kmqkafka.store import log as log_module
+    from kmqkafka.store.errors import StorageFailure
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_with_channel(tmp_path, clock, io)
+    first: list = []
+    store.append_batch("kafka.e", batch(b"a", b"b")).addBoth(first.append)
+    _settle(clock, io)
+    assert first[0].last_sequence == 2
+    real = log_module.write_batch_at_offset
+
+    def full(fd, base_offset, buf):
+        real(fd, base_offset, buf[: len(buf) // 2])  # a short write, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_module, "write_batch_at_offset", full)
+    refused: list = []
+    store.append_batch("kafka.e", batch(b"lost")).addBoth(refused.append)
+    _settle(clock, io)
+    assert refused and refused[0].check(StorageFailure)
+    monkeypatch.setattr(log_module, "write_batch_at_offset", real)
+    after: list = []
+    store.append_batch("kafka.e", batch(b"after")).addBoth(after.append)
+    _settle(clock, io)
+    assert after[0].first_sequence == 3 and not store.failed
+    stopped: list = []
+    store.stop().addBoth(stopped.append)
+    _settle(clock, io)
+    again = _solo_store(tmp_path, clock, _HeldIO())
+    again.start()
+    _settle(clock, io)
+    assert values(again, "kafka.e") == [b"a", b"b", b"after"]
+
+
+def test_one_member_failed_fsync_answers_no_write_and_refuses_later_ones(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from kmqkafka.store.errors import StorageFailure, StoreError
+
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    io = _HeldIO()
+    store = _solo_with_channel(tmp_path, clock, io)
+
+    def broken(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    answer: list = []
+    store.append_batch("kafka.e", batch(b"x")).addBoth(answer.append)
+    _settle(clock, io)
+    monkeypatch.undo()
+    assert answer and answer[0].check(StoreError), "an unsynced write was acknowledged"
+    assert store.failed
+    later: list = []
+    store.append_batch("kafka.e", batch(b"y")).addBoth(later.append)
+    _settle(clock, io)
+    assert later[0].check(StorageFailure)
