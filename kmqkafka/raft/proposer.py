@@ -973,11 +973,20 @@ class RaftProposer:
             return self._run_io(self.machine.snapshot, dest)
 
         def prune(_: object) -> bytes:
-            for old in sorted(self.snapshot_dir.iterdir())[:-2]:
-                shutil.rmtree(old, ignore_errors=True)
+            self.prune_snapshots(keep=index)
             return snapshot_ref(index)
 
         return self._commit.drain().addCallback(roll).addCallback(snap).addCallback(prune)
+
+
+    def prune_snapshots(self, keep: int) -> None:
+        """Remove snapshot trees except ``keep`` (just taken) and the one the Raft core holds
+        now (what lagging followers are sent until the log is compacted to ``keep``). Only
+        the numbered trees: the directory also holds tar files being sent or received."""
+        core = self.driver.node.snapshot_index if self.driver is not None else 0
+        for old in self.snapshot_dir.iterdir():
+            if (old.is_dir() and old.name.isdigit() and int(old.name) not in (keep, core)):
+                shutil.rmtree(old, ignore_errors=True)
 
 
 def one_member_factory(reactor: Any, raft_dir: Path, *, node_id: int = 1,

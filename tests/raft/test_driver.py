@@ -575,3 +575,25 @@ def test_one_member_failed_fsync_answers_no_write_and_refuses_later_ones(tmp_pat
     store.append_batch("kafka.e", batch(b"y")).addBoth(later.append)
     _settle(clock, io)
     assert later[0].check(StorageFailure)
+
+
+def test_pruning_snapshots_keeps_the_one_the_core_serves_and_files_in_transit(tmp_path):
+    """Snapshot trees share their directory with tar files being sent or received; pruning
+    removes only older numbered trees, never the one the core still sends to followers."""
+    from types import SimpleNamespace
+
+    cl = Cluster(tmp_path)
+    p = cl.stores[cl.wait_leader()].proposer
+    d = p.snapshot_dir
+    for i in (5, 7, 9):
+        (d / f"{i:020d}").mkdir()
+        (d / f"{i:020d}" / "snapshot.json").write_text("{}")
+    (d / "snapshot-abc.tar").write_bytes(b"x")
+    (d / "incoming-3.tar").write_bytes(b"y")
+    driver, p.driver = p.driver, SimpleNamespace(node=SimpleNamespace(snapshot_index=5))
+    try:
+        p.prune_snapshots(keep=9)
+    finally:
+        p.driver = driver
+    assert sorted(x.name for x in d.iterdir()) == [
+        f"{5:020d}", f"{9:020d}", "incoming-3.tar", "snapshot-abc.tar"]
