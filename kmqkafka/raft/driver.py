@@ -48,17 +48,14 @@ Reactor-thread only, except ``storage.save``/``storage.compact``, which run thro
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Protocol, Sequence
 
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, FirstError, fail, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-
-from dataclasses import replace
-
-from twisted.internet.defer import FirstError, gatherResults
 
 from kmqkafka.raft.core import RaftNode, Ready, Role, SoftState
 from kmqkafka.raft.messages import (

@@ -400,8 +400,8 @@ class RaftProposer:
         def rest(_: object) -> Deferred:
             ds = self._transport.stop() if self._transport is not None else succeed(None)
             if self._unpublished:
-                # The Raft log write under staged entries failed: they must never reach a
-                # checkpoint (recovery cuts them off); the last checkpoint stands.
+                # The write-through of staged entries failed: no later flush may checkpoint
+                # them (recovery cuts them off); the last checkpoint stands.
                 return ds
             return ds.addBoth(lambda _: self._commit.drain())
 
@@ -977,7 +977,6 @@ class RaftProposer:
             return snapshot_ref(index)
 
         return self._commit.drain().addCallback(roll).addCallback(snap).addCallback(prune)
-
 
     def prune_snapshots(self, keep: int) -> None:
         """Remove snapshot trees except ``keep`` (just taken) and the one the Raft core holds

@@ -50,10 +50,6 @@ class GroupCommit:
         self._idle: list[Deferred] = []
         self.failed = False
         self.flush_count = 0
-        # Optional predicate (the Raft proposer's): while it is true no flush is prepared;
-        # a flush asked for meanwhile waits for ``release``.
-        self.hold: Callable[[], bool] | None = None
-        self.held = False
 
     def add(self, d: Deferred, result: Any) -> None:
         self._waiting.append((d, result))
@@ -70,17 +66,8 @@ class GroupCommit:
         self._scheduled = True
         self._clock.callLater(0, self._flush)
 
-    def release(self) -> None:
-        """The ``hold`` predicate turned false: run the flush it held back, if any."""
-        if self.held:
-            self.held = False
-            self.schedule()
-
     def _flush(self) -> None:
         self._scheduled = False
-        if self.hold is not None and self.hold():
-            self.held = True
-            return
         tokens = self._machine.prepare_flush()
         waiting, self._waiting = self._waiting, []
         if not tokens:
