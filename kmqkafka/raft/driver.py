@@ -477,18 +477,8 @@ class RaftDriver:
             if found is None or found[0] <= node.snapshot_index:
                 return False
             index, data = found
-            self._busy = True
-            snapshot = node.compact(index, data)
             self.compactions += 1
-
-            def finished(result: object) -> None:
-                self._busy = False
-                if isinstance(result, Failure):
-                    self._fatal(result)  # the Raft log's files are in an unknown state
-                    return
-                self._after_turn()
-
-            self._run_io(self.storage.compact, snapshot).addBoth(finished)
+            self._compact_storage(node.compact(index, data))
             return True
         if self._taken is not None:
             return self._compact_taken()
@@ -529,17 +519,21 @@ class RaftDriver:
         log.info("compacting the raft log to {index}", index=index)
         self.compactions += 1
         snapshot = self.node.compact(index, data)
-        d = self._run_io(self.storage.compact, snapshot)
         if not resume:
-            return d
+            return self._run_io(self.storage.compact, snapshot)
+        self._compact_storage(snapshot)
+        return True
+
+    def _compact_storage(self, snapshot: Snapshot) -> None:
+        """Pause the loop while the storage drops what ``snapshot`` covers, then resume; a
+        failure leaves the Raft log's files in an unknown state, so it is fatal."""
         self._busy = True
 
         def done(result: object) -> None:
             self._busy = False
             if isinstance(result, Failure):
-                self._fatal(result)  # the Raft log's files are in an unknown state
+                self._fatal(result)
                 return
             self._after_turn()
 
-        d.addBoth(done)
-        return True
+        self._run_io(self.storage.compact, snapshot).addBoth(done)

@@ -63,7 +63,7 @@ from kmqkafka.store import commands as c
 from kmqkafka.store.errors import StorageFailure, StoreError, StoreStopped
 from kmqkafka.store.fsutil import write_atomic
 from kmqkafka.store.machine import BatchFailure, StateMachine
-from kmqkafka.store.proposer import GroupCommit
+from kmqkafka.store.proposer import GroupCommit, WriteErrorLog
 
 __all__ = ["Member", "RaftProposer", "snapshot_ref"]
 
@@ -257,8 +257,7 @@ class RaftProposer:
         self._staging = False
         self._unpublished = False
         self.staged_entries = 0
-        self._write_errors = 0
-        self._write_error_logged = float("-inf")
+        self._write_errors = WriteErrorLog(clock)
         self.lost_elided = 0  # elided entries found past the checkpoint at start (unanswered)
 
     # ------------------------------------------------------------------ lifecycle
@@ -795,12 +794,7 @@ class RaftProposer:
         it: its entry is below the next checkpoint, or ELIDED). A member of a larger cluster
         would now hold less than the others under the same index, so it stops taking part."""
         self.machine.last_applied = max(self.machine.last_applied, index)
-        self._write_errors += 1
-        now = self._clock.seconds()
-        if now - self._write_error_logged >= 10:
-            log.error("store write failed ({n} since the last report): {error}",
-                      n=self._write_errors, error=exc)
-            self._write_errors, self._write_error_logged = 0, now
+        self._write_errors.report(exc)
         if not self._solo and self.driver is not None and self.driver.failed is None:
             self.driver.fail(Failure(exc))
         return StorageFailure(f"storage write failed: {exc.strerror or exc}")

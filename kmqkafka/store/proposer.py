@@ -119,6 +119,24 @@ class GroupCommit:
         return d
 
 
+class WriteErrorLog:
+    """Logs refused disk writes at most once per 10 s, with the count since the last line:
+    a full disk refuses every produce."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._count = 0
+        self._logged = float("-inf")
+
+    def report(self, exc: OSError) -> None:
+        self._count += 1
+        now = self._clock.seconds()
+        if now - self._logged >= 10:
+            log.error("store write failed ({n} since the last report): {error}",
+                      n=self._count, error=exc)
+            self._count, self._logged = 0, now
+
+
 class LocalProposer:
     """Apply-then-group-commit proposer for a one-member cluster (no Raft log)."""
 
@@ -127,9 +145,7 @@ class LocalProposer:
         self._machine = machine
         self._commit = GroupCommit(machine, clock, run_io)
         self._stopped = False
-        self._clock = clock
-        self._write_errors = 0       # refused writes since the last one logged
-        self._write_error_logged = float("-inf")
+        self._write_errors = WriteErrorLog(clock)
 
     @property
     def failed(self) -> bool:
@@ -158,7 +174,7 @@ class LocalProposer:
             # A refused write (ENOSPC, EIO) leaves nothing applied: segment appends cut their
             # tail back, and nothing else replays this command on a lone node. (Under Raft an
             # apply that fails on one node only would split the logs: there it is fatal.)
-            self._log_write_error(exc)
+            self._write_errors.report(exc)
             return fail(StorageFailure(f"storage write failed: {exc.strerror or exc}"))
         if isinstance(result, BatchFailure):
             # Whatever the batch applied before failing still goes through the flush.
@@ -170,15 +186,6 @@ class LocalProposer:
         d: Deferred = Deferred()
         self._commit.add(d, result)
         return d
-
-    def _log_write_error(self, exc: OSError) -> None:
-        """At most one line per 10 s: a full disk refuses every produce."""
-        self._write_errors += 1
-        now = self._clock.seconds()
-        if now - self._write_error_logged >= 10:
-            log.error("store write failed ({n} since the last report): {error}",
-                      n=self._write_errors, error=exc)
-            self._write_errors, self._write_error_logged = 0, now
 
     def drain(self) -> Deferred:
         """Fire once everything applied so far is durable (used at shutdown)."""

@@ -385,12 +385,18 @@ def _crash(store: ChannelStore) -> None:
     store.machine.close()
 
 
-def _solo_with_channel(tmp_path: Path, clock: Clock, io: _HeldIO) -> ChannelStore:
+def _started_solo(tmp_path: Path, clock: Clock, io: _HeldIO) -> ChannelStore:
+    """A one-member store on ``tmp_path`` (new or restarted), started."""
     store = _solo_store(tmp_path, clock, io)
     started: list = []
     store.start().addBoth(started.append)
     _settle(clock, io)
     assert started == [None]
+    return store
+
+
+def _solo_with_channel(tmp_path: Path, clock: Clock, io: _HeldIO) -> ChannelStore:
+    store = _started_solo(tmp_path, clock, io)
     created: list = []
     store.create_channel("kafka.e").addBoth(created.append)
     _settle(clock, io)
@@ -453,11 +459,7 @@ def test_one_member_crash_after_the_raft_write_but_before_the_checkpoint(tmp_pat
     _crash(store)
     assert lost == []
     io2 = _HeldIO()
-    again = _solo_store(tmp_path, clock, io2)
-    started: list = []
-    again.start().addBoth(started.append)
-    _settle(clock, io2)
-    assert started == [None]
+    again = _started_solo(tmp_path, clock, io2)
     assert again.proposer.lost_elided == 1
     assert values(again, "kafka.e") == [b"kept"]
     r: list = []
@@ -490,11 +492,7 @@ def test_one_member_crash_after_the_checkpoint_but_before_the_raft_write(tmp_pat
     _crash(store)
     for round_ in range(2):
         io2 = _HeldIO()
-        again = _solo_store(tmp_path, clock, io2)
-        started: list = []
-        again.start().addBoth(started.append)
-        _settle(clock, io2)
-        assert started == [None]
+        again = _started_solo(tmp_path, clock, io2)
         if round_ == 0:  # the Raft log was restarted at the checkpoint
             assert again.proposer.storage.snapshot.data.startswith(b"kmq-checkpoint:")
         expect = [b"kept", b"durable"] + [b"next%d" % k for k in range(round_)]
@@ -544,9 +542,8 @@ def test_one_member_refused_disk_write_fails_that_append_only(tmp_path, monkeypa
     stopped: list = []
     store.stop().addBoth(stopped.append)
     _settle(clock, io)
-    again = _solo_store(tmp_path, clock, _HeldIO())
-    again.start()
-    _settle(clock, io)
+    assert stopped == [None]
+    again = _started_solo(tmp_path, clock, _HeldIO())
     assert values(again, "kafka.e") == [b"a", b"b", b"after"]
 
 
