@@ -54,7 +54,10 @@ from kmqkafka.store.segment import (
     write_index_parts,
 )
 
-_BASE_OFFSET = struct.Struct(">q")
+# baseOffset, batchLength, partitionLeaderEpoch: the header fields the CRC does not cover,
+# which the broker owns (Kafka's log validator stamps the leader epoch the same way).
+_BROKER_HEAD = struct.Struct(">qii")
+LEADER_EPOCH = 0  # one leader epoch for every partition: Raft commits are never truncated
 
 LOG_START_FILE = "log-start"
 _READ_FLOOR = 64 * 1024  # smallest pread, so tiny budgets still cover a few headers
@@ -360,7 +363,7 @@ class ChannelLog:
             producers = None
         buf = memoryview(batch)
         first = self._next
-        base_offset = _BASE_OFFSET.pack(first - 1)
+        head = _BROKER_HEAD.pack(first - 1, header.batch_length, LEADER_EPOCH)
         active = self._active
         cfg = self._config
         if active.size and (
@@ -371,7 +374,7 @@ class ChannelLog:
             active = self._active
         pos = active.size
         try:
-            write_batch_at_offset(active.write_fd, base_offset, buf)
+            write_batch_at_offset(active.write_fd, head, buf)
         except BaseException:
             os.ftruncate(active.write_fd, pos)
             raise

@@ -160,13 +160,15 @@ def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_batch_at_offset(fd: int, base_offset: bytes, batch: memoryview) -> None:
-    """Write ``batch`` with its first 8 bytes replaced by ``base_offset``, without a copy."""
-    done = os.writev(fd, (base_offset, batch[8:]))
+def write_batch_at_offset(fd: int, head: bytes, batch: memoryview) -> None:
+    """Write ``batch`` with its first ``len(head)`` bytes replaced by ``head`` (the broker's
+    base offset, length and leader epoch), without copying the batch."""
+    n = len(head)
+    done = os.writev(fd, (head, batch[n:]))
     if done < len(batch):
-        if done < 8:
-            write_all(fd, base_offset[done:])
-            done = 8
+        if done < n:
+            write_all(fd, head[done:])
+            done = n
         write_all(fd, batch[done:])
 
 

@@ -329,6 +329,57 @@ def test_list_offsets_and_seek_through_client_apis(broker: BrokerProcess) -> Non
         k.close()
 
 
+def test_records_carry_the_leader_epoch_through_commit_and_resume(broker: BrokerProcess) -> None:
+    """Fetched batches carry leader epoch 0, as Kafka stamps them; a group commits with that
+    epoch, and a new member resumes there after the client validates its position
+    (OffsetForLeaderEpoch, KIP-320)."""
+    topic = f"epoch-{uuid.uuid4().hex[:6]}"
+    rows = [(b"k%d" % i, b"v%d" % i, [], TS0 + i) for i in range(6)]
+    produce_confluent(broker.bootstrap, topic, "none", rows)
+    conf = {"bootstrap.servers": broker.bootstrap, "group.id": f"g-{topic}",
+            "enable.auto.commit": False, "auto.offset.reset": "earliest"}
+    c = Consumer(conf)
+    try:
+        c.subscribe([topic])
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < 3 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m)
+        assert [m.offset() for m in got] == [0, 1, 2]
+        assert {m.leader_epoch() for m in got} == {0}
+        c.commit(message=got[-1], asynchronous=False)
+        (committed,) = c.committed([TopicPartition(topic, 0)], timeout=10)
+        assert (committed.offset, committed.leader_epoch) == (3, 0)
+    finally:
+        c.close()
+    c = Consumer(conf)
+    try:
+        c.subscribe([topic])
+        m = None
+        deadline = time.monotonic() + 20
+        while m is None and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            m = m if m is not None and m.error() is None else None
+        assert m is not None and (m.offset(), m.value(), m.leader_epoch()) == (3, b"v3", 0)
+    finally:
+        c.close()
+
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition as KTP
+
+    k = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None,
+                      consumer_timeout_ms=5000)
+    try:
+        k.assign([KTP(topic, 0)])
+        k.seek_to_beginning()
+        first = next(k)
+        assert (first.offset, first.leader_epoch) == (0, 0)
+    finally:
+        k.close()
+
+
 def test_long_poll_latency_with_client_defaults(broker: BrokerProcess) -> None:
     """End-to-end produce→consume latency with confluent-kafka defaults (printed)."""
     topic = f"lat-{uuid.uuid4().hex[:6]}"

@@ -168,7 +168,10 @@ def unique(name: str) -> str:
 def test_produce_assigns_dense_offsets_and_fetch_returns_the_stored_bytes(raw: Raw,
                                                                            version: int) -> None:
     topic = unique("dense")
-    sent = [batch(3), batch(2, compression=records.COMPRESSION_GZIP), batch(1)]
+    sent = [bytearray(batch(3)), bytearray(batch(2, compression=records.COMPRESSION_GZIP)),
+            bytearray(batch(1))]
+    for b in sent:
+        records.set_partition_leader_epoch(b, -1)  # as the Java producer sends them
     bases = [produce(raw, topic, {0: b}, version=version)[0] for b in sent]
     assert [(r.error_code, r.base_offset) for r in bases] == [(E.none, 0), (E.none, 3),
                                                               (E.none, 5)]
@@ -178,11 +181,12 @@ def test_produce_assigns_dense_offsets_and_fetch_returns_the_stored_bytes(raw: R
     assert p.last_stable_offset == 6 and p.aborted_transactions is None
     committed = parts_of(fetch(raw, topic, {0: 0}, isolation_level=1))[0]
     assert committed.aborted_transactions == () and committed.records == p.records
-    # Stored as sent, except the base offset the broker assigns.
+    # Stored as sent, except the base offset and leader epoch the broker assigns.
     expected = b""
     for base, b in zip((0, 3, 5), sent):
         copy = bytearray(b)
         records.set_base_offset(copy, base)
+        records.set_partition_leader_epoch(copy, 0)
         expected += bytes(copy)
     assert bytes(p.records) == expected
 

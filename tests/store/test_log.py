@@ -40,6 +40,19 @@ def test_append_assigns_dense_sequences_and_base_offsets(log: ChannelLog) -> Non
     assert [r.offset + 1 for r in all_records(log)] == [1, 2, 3, 4]
 
 
+def test_append_stamps_the_leader_epoch_and_keeps_the_crc(log: ChannelLog) -> None:
+    """The producer sends partitionLeaderEpoch -1; the stored batch carries the broker's
+    epoch (0), as Kafka's log validator stamps it, and still passes its CRC check."""
+    sent = bytearray(make_batch(2))
+    records.set_partition_leader_epoch(sent, -1)
+    log.append(sent, 0)
+    flush(log)
+    stored = bytes(log.read(1, 1 << 20).batches[0])
+    assert records.read_header(stored).partition_leader_epoch == 0
+    records.validate_batch(stored)
+    assert stored[16:] == bytes(sent)[16:]
+
+
 def test_bad_batches_are_refused_and_nothing_is_stored(log: ChannelLog) -> None:
     good = make_batch(2)
     corrupt = bytearray(good)
