@@ -16,7 +16,7 @@ from kmqkafka.config import ConfigError, Settings, load_settings, option_paramet
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
-    admin, api_versions, cluster, configs, consumer_groups, fetch, groups, metadata, offsets,
+    acl, admin, api_versions, cluster, configs, consumer_groups, fetch, groups, metadata, offsets,
     positions, produce, producers, quorum,
 )
 from kmqkafka.kafka.context import Broker
@@ -38,7 +38,7 @@ class Options(usage.Options):
 
 
 HANDLER_AREAS = (
-    api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
+    acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
     offsets, consumer_groups, quorum,
 )
 

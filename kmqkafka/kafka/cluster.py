@@ -17,6 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
+from kmqkafka.kafka.acl import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS, operations
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.topics import Topic, TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -24,21 +25,9 @@ from kmqkafka.store.names import channel_for
 
 DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 35, 60, 75
 _ZERO_UUID = uuid.UUID(int=0)
-_NOT_REQUESTED = -2147483648
 ENDPOINT_BROKERS = 1
 MAX_PARTITION_LIMIT = 2000
 """Kafka's ``max.request.partition.size.limit`` default: a response never holds more."""
-
-
-def _ops(*codes: int) -> int:
-    return sum(1 << c for c in codes)
-
-
-# AclOperation codes: READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7, DESCRIBE 8,
-# CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12,
-# CREATE_TOKENS 13, DESCRIBE_TOKENS 14.
-TOPIC_OPERATIONS = _ops(3, 4, 5, 6, 7, 8, 10, 11)
-CLUSTER_OPERATIONS = _ops(5, 7, 8, 9, 10, 11, 12, 13, 14)
 
 
 def _catalog(ctx: RequestContext) -> TopicCatalog:
@@ -58,9 +47,9 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
                     error_message="The broker does not support this endpoint type; it "
                                   "serves only broker endpoints.",
                     endpoint_type=endpoint_type, cluster_id=identity.cluster_id(ctx.broker),
-                    controller_id=-1, brokers=(), cluster_authorized_operations=_NOT_REQUESTED)
+                    controller_id=-1, brokers=(), cluster_authorized_operations=NOT_REQUESTED)
     leader = identity.leader(ctx.broker)
-    ops = CLUSTER_OPERATIONS if request.include_cluster_authorized_operations else _NOT_REQUESTED
+    ops = operations(request.include_cluster_authorized_operations, CLUSTER_OPERATIONS)
     return make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         error_message=None, endpoint_type=ENDPOINT_BROKERS,
@@ -91,7 +80,7 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
         return make(ctx.response_type, throttle_time=NO_THROTTLE, next_cursor=None, topics=tuple(
             make(t.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.invalid_request,
                  name=name, topic_id=_ZERO_UUID, is_internal=False, partitions=(),
-                 topic_authorized_operations=_NOT_REQUESTED)
+                 topic_authorized_operations=NOT_REQUESTED)
             for name in requested))
     names = topics.names() if fetch_all else requested
     start_index = 0
@@ -111,7 +100,7 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
             out.append(make(t.DescribeTopicPartitionsResponseTopic,
                             error_code=ErrorCode.unknown_topic_or_partition, name=name,
                             topic_id=_ZERO_UUID, is_internal=False, partitions=(),
-                            topic_authorized_operations=_NOT_REQUESTED))
+                            topic_authorized_operations=NOT_REQUESTED))
             continue
         if budget == 0:
             next_cursor = make(t.Cursor, topic_name=name, partition_index=first)

@@ -47,7 +47,12 @@ _TOPIC_TYPES: dict[str, int] = {
     "max.message.bytes": INT, "message.timestamp.type": STRING,
     "min.cleanable.dirty.ratio": DOUBLE, "min.insync.replicas": INT, "preallocate": BOOLEAN,
     "segment.bytes": INT, "segment.index.bytes": INT, "unclean.leader.election.enable": BOOLEAN,
-    "message.downconversion.enable": BOOLEAN,
+    "message.downconversion.enable": BOOLEAN, "compression.gzip.level": INT,
+    "compression.lz4.level": INT, "compression.zstd.level": INT,
+    "follower.replication.throttled.replicas": LIST,
+    "leader.replication.throttled.replicas": LIST, "remote.storage.enable": BOOLEAN,
+    "remote.log.copy.disable": BOOLEAN, "remote.log.delete.on.disable": BOOLEAN,
+    "message.format.version": STRING,
 }  # every other topic config is a LONG
 
 # Topic config -> the broker config that supplies its default (Kafka's synonym).
@@ -76,6 +81,13 @@ _BROKER_SYNONYM: dict[str, str] = {
     "segment.ms": "log.roll.ms",
     "unclean.leader.election.enable": "unclean.leader.election.enable",
     "message.downconversion.enable": "log.message.downconversion.enable",
+    "compression.gzip.level": "compression.gzip.level",
+    "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level",
+    "local.retention.bytes": "log.local.retention.bytes",
+    "local.retention.ms": "log.local.retention.ms",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
+    "message.format.version": "log.message.format.version",
 }
 
 _DOCS: dict[str, str] = {

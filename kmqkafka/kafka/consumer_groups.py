@@ -23,12 +23,12 @@ from kmqkafka.coordinators.consumer_group import (
     ConsumerGroupCoordinator, HeartbeatRequest, HeartbeatResult,
 )
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
 from kmqkafka.kafka import groups
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
-_NO_OPERATIONS = -2147483648
 MEMBER_TYPE_CONSUMER = 1
 
 
@@ -128,6 +128,7 @@ def describe(request: Any, ctx: RequestContext) -> Any:
             for tid, ps in sorted(a.items()) if ps))
 
     out = []
+    ops = operations(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
     for group_id in request.group_ids:
         view = c.describe(group_id)
         if view is None:
@@ -137,7 +138,7 @@ def describe(request: Any, ctx: RequestContext) -> Any:
             out.append(make(t.DescribedGroup, error_code=ErrorCode.group_id_not_found,
                             error_message=message, group_id=group_id, group_state="Dead",
                             group_epoch=-1, assignment_epoch=-1, assignor_name="", members=(),
-                            authorized_operations=_NO_OPERATIONS))
+                            authorized_operations=NOT_REQUESTED))
             continue
         members = tuple(
             make(t.Member, member_id=m.member_id, instance_id=m.instance_id, rack_id=m.rack_id,
@@ -149,7 +150,7 @@ def describe(request: Any, ctx: RequestContext) -> Any:
         out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
                         group_id=group_id, group_state=view.state, group_epoch=view.epoch,
                         assignment_epoch=view.assignment_epoch, assignor_name=view.assignor,
-                        members=members, authorized_operations=_NO_OPERATIONS))
+                        members=members, authorized_operations=ops))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
 
 
@@ -164,7 +165,7 @@ def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
         make(t.DescribedGroup, error_code=code, error_message=None, group_id=g,
              group_state="", group_epoch=-1, assignment_epoch=-1, assignor_name="",
-             members=(), authorized_operations=_NO_OPERATIONS)
+             members=(), authorized_operations=NOT_REQUESTED)
         for g in request.group_ids))
 
 

@@ -37,6 +37,7 @@ from kmqkafka.coordinators.group import (
 from kmqkafka.coordinators.offsets import LagCollector
 from kmqkafka.coordinators.group import GROUPS_FAMILY
 from kmqkafka.dispatch import Dispatcher, error_response
+from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -45,7 +46,6 @@ FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 1
 DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
 CREATE_PARTITIONS = 37
 KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION = 0, 1
-_NO_OPERATIONS = -2147483648
 _CHECK_S = 0.1
 _FORWARD_TIMEOUT_S = 30.0
 
@@ -449,6 +449,7 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
     c = coordinator(ctx.broker)
     cg = _consumer_groups(ctx.broker)
     out = []
+    ops = operations(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
     for group_id in request.groups:
         view = cg.describe(group_id) if cg is not None else None
         if view is not None:
@@ -462,7 +463,7 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
             out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
                             group_id=group_id, group_state=view.state,
                             protocol_type="consumer", protocol_data=view.assignor,
-                            members=members, authorized_operations=_NO_OPERATIONS))
+                            members=members, authorized_operations=ops))
             continue
         described = c.describe(group_id)
         if described is None:
@@ -472,7 +473,7 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
                             else None,
                             group_id=group_id, group_state="Dead", protocol_type="",
                             protocol_data="", members=(),
-                            authorized_operations=_NO_OPERATIONS))
+                            authorized_operations=NOT_REQUESTED))
             continue
         members = tuple(
             make(t.DescribedGroupMember, member_id=m.member_id,
@@ -484,7 +485,7 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
                         group_id=group_id, group_state=described.state,
                         protocol_type=described.protocol_type,
                         protocol_data=described.protocol_name, members=members,
-                        authorized_operations=_NO_OPERATIONS))
+                        authorized_operations=ops))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
 
 
@@ -552,7 +553,7 @@ def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
         make(t.DescribedGroup, error_code=code, error_message=None, group_id=g,
              group_state="", protocol_type="", protocol_data="", members=(),
-             authorized_operations=_NO_OPERATIONS)
+             authorized_operations=NOT_REQUESTED)
         for g in request.groups))
 
 

@@ -23,6 +23,7 @@ from twisted.internet.defer import Deferred, gatherResults, succeed
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
+from kmqkafka.kafka.acl import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, operations
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
@@ -50,7 +51,7 @@ def handle(request: Any, ctx: RequestContext) -> Deferred:
     else:
         entries = [_resolve(topics, t, auto_create) for t in wanted]
     d = gatherResults(entries, consumeErrors=True)
-    return d.addCallback(_respond, ctx)
+    return d.addCallback(_respond, request, ctx)
 
 
 def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
@@ -71,7 +72,10 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
         return succeed((name, found, None))
     if not auto_create:
         return succeed((name, None, KafkaError(ErrorCode.unknown_topic_or_partition)))
-    d = topics.create(name)
+    try:
+        d = topics.create(name)
+    except KafkaError as exc:  # e.g. the name collides with an existing one ('.' vs '_')
+        return succeed((name, None, exc))
     d.addCallback(lambda created: (name, created, None))
     # A concurrent create of the same name is not an error for Metadata.
     d.addErrback(lambda f: (name, topics.get(name), None) if topics.get(name) is not None
@@ -80,13 +84,15 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
 
 
 def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
-             ctx: RequestContext) -> Any:
+             request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     brokers = identity.brokers(ctx.broker, ctx.listener)
     leader = identity.leader(ctx.broker)
     epoch = 0  # see the module docstring
     replicas, isr, offline = identity.replicas(ctx.broker, brokers)
     part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
+    topic_ops = operations(getattr(request, "include_topic_authorized_operations", False),
+                           TOPIC_OPERATIONS)
     out = []
     for name, topic, error in resolved:
         if topic is None:
@@ -101,7 +107,8 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
             for p in range(topic.partitions)
         )
         out.append(make(t.MetadataResponseTopic, error_code=ErrorCode.none, name=topic.name,
-                        topic_id=topic.topic_id, is_internal=False, partitions=partitions))
+                        topic_id=topic.topic_id, is_internal=False, partitions=partitions,
+                        topic_authorized_operations=topic_ops))
     return make(
         ctx.response_type,
         throttle_time=NO_THROTTLE,
@@ -110,7 +117,8 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
         cluster_id=identity.cluster_id(ctx.broker),
         controller_id=identity.controller(ctx.broker),
         topics=tuple(out),
-        cluster_authorized_operations=-2147483648,
+        cluster_authorized_operations=operations(
+            getattr(request, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS),
     )
 
 

@@ -7,9 +7,7 @@ MESSAGE_TOO_LARGE). Every check runs before anything of that partition is append
 partition stores nothing and never fails the other partitions of the request. Records are never
 decoded: the only per-batch work is the header check and the CRC, and a single-batch blob (the
 usual case) reaches the store as the very ``bytes`` object kio decoded, with no copy. The
-partition leader epoch field is stored as the producer sent it (clients send -1, "unknown", so
-consumers skip epoch validation); Kafka stamps its epoch there, which would cost a copy here.
-Topics with ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit,
+store stamps the partition leader epoch (0) as it writes the batch, as Kafka does. Topics with ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit,
 max timestamp = broker time, new CRC) in a copy of the batch.
 
 Idempotent producers (a batch with a producer id): the batch must carry a base sequence >= 0
@@ -20,7 +18,9 @@ last five batches, NONE with the original's base offset and nothing stored again
 reports the original's max timestamp as the log append time then).
 
 acks: 0 → no response; 1 → answered once the batches are in the page cache; -1 → once fsynced
-(group commit); anything else → INVALID_REQUIRED_ACKS on every partition.
+(group commit), and NOT_ENOUGH_REPLICAS without appending while fewer members are in sync (live)
+than the topic's ``min.insync.replicas``; anything else → INVALID_REQUIRED_ACKS on every
+partition.
 
 Ordering: appends are proposed synchronously in request order, so pipelined requests to one
 partition keep their order, including on the request that auto-creates the topic (the create
@@ -39,6 +39,7 @@ from twisted.logger import Logger
 
 from kmqkafka import records
 from kmqkafka.dispatch import NO_RESPONSE, Dispatcher
+from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
@@ -156,12 +157,17 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     limit = _limit(ctx, topic)
     log_append = topic.config_value("message.timestamp.type") == "LogAppendTime"
     durable = acks == -1
+    short_isr = _short_isr(ctx, topic) if durable else None
     metric = broker.metrics.kafka_bytes_in
     out: list[Deferred] = []
     for p in partitions:
         index = p.index
         if not 0 <= index < topic.partitions:
             out.append(succeed((index, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None)))
+            continue
+        if short_isr is not None:
+            out.append(succeed((index, ErrorCode.not_enough_replicas, -1, -1, -1,
+                                short_isr % f"{topic.name}-{index}")))
             continue
         blob = p.records
         try:
@@ -186,6 +192,20 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                        errbackArgs=(index, channel))
         out.append(d)
     return gatherResults(out, consumeErrors=True)
+
+
+def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
+    """Kafka's acks=all refusal when the in-sync replicas (the live members) are fewer than
+    the topic's ``min.insync.replicas``: the message (with ``%s`` for the partition), or None."""
+    min_isr = int(topic.config_value("min.insync.replicas") or 1)
+    if min_isr <= 1:
+        return None
+    _replicas, isr, _offline = identity.replicas(
+        ctx.broker, identity.brokers(ctx.broker, ctx.listener))
+    if len(isr) >= min_isr:
+        return None
+    return (f"The size of the current ISR {len(isr)} is insufficient to satisfy the min.isr "
+            f"requirement of {min_isr} for partition %s")
 
 
 def _check(blob: bytes | None, limit: int) -> list[tuple[int, int]]:

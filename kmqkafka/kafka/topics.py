@@ -63,6 +63,21 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "segment.ms": str(7 * _DAY_MS),
     "unclean.leader.election.enable": "false",
     "message.downconversion.enable": "true",
+    # Accepted, stored and described as Kafka does, with no effect on this store: codec
+    # levels (the producer's batch is stored as sent), tiered storage, replication
+    # throttles, and the message-format settings Kafka 3.x still lists.
+    "compression.gzip.level": "-1",
+    "compression.lz4.level": "9",
+    "compression.zstd.level": "3",
+    "follower.replication.throttled.replicas": "",
+    "leader.replication.throttled.replicas": "",
+    "local.retention.bytes": "-2",
+    "local.retention.ms": "-2",
+    "remote.storage.enable": "false",
+    "remote.log.copy.disable": "false",
+    "remote.log.delete.on.disable": "false",
+    "message.timestamp.difference.max.ms": "9223372036854775807",
+    "message.format.version": "3.0-IV1",
 }
 
 _INT_CONFIGS = {
@@ -71,16 +86,29 @@ _INT_CONFIGS = {
     "message.timestamp.before.max.ms", "message.timestamp.after.max.ms",
     "min.compaction.lag.ms", "min.insync.replicas", "retention.bytes", "retention.ms",
     "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
+    "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
+    "local.retention.bytes", "local.retention.ms", "message.timestamp.difference.max.ms",
 }
 
 # Lower bounds as Kafka's LogConfig states them (0 unless listed).
 _MINIMUMS = {
     "retention.ms": -1, "retention.bytes": -1, "segment.bytes": 14, "segment.ms": 1,
     "segment.index.bytes": 4, "min.insync.replicas": 1, "flush.messages": 1,
-    "max.compaction.lag.ms": 1,
+    "max.compaction.lag.ms": 1, "local.retention.bytes": -2, "local.retention.ms": -2,
+    "compression.gzip.level": -1, "compression.lz4.level": 1, "compression.zstd.level": -131072,
 }
+# Upper bounds below the type's own maximum.
+_MAXIMUMS = {"compression.gzip.level": 9, "compression.lz4.level": 17,
+             "compression.zstd.level": 22}
 _INT32_CONFIGS = {"index.interval.bytes", "max.message.bytes", "min.insync.replicas",
-                  "segment.bytes", "segment.index.bytes"}
+                  "segment.bytes", "segment.index.bytes", "compression.gzip.level",
+                  "compression.lz4.level", "compression.zstd.level"}
+_BOOLEAN_CONFIGS = {"preallocate", "unclean.leader.election.enable",
+                    "message.downconversion.enable", "remote.storage.enable",
+                    "remote.log.copy.disable", "remote.log.delete.on.disable"}
+# Java's Long.parseLong after ConfigDef trims: an optional sign and ASCII digits, nothing else
+# (Python's int() would also take "1_000" or non-ASCII digits).
+_JAVA_INTEGER = re.compile(r"[+-]?[0-9]+")
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 
@@ -136,20 +164,25 @@ def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
         if value is None:
             value = TOPIC_CONFIG_DEFAULTS[name]
         if name in _INT_CONFIGS:
-            try:
-                number = int(value.strip())
-            except ValueError:
+            int32 = name in _INT32_CONFIGS
+            kind = "INT" if int32 else "LONG"
+            text = value.strip()
+            top = _INT32_MAX if int32 else _INT64_MAX
+            number = int(text) if _JAVA_INTEGER.fullmatch(text) else None
+            if number is None or not -top - 1 <= number <= top:
                 raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}: Not a number") from None
+                                 f"Invalid value {value} for configuration {name}: "
+                                 f"Not a number of type {kind}")
             lowest = _MINIMUMS.get(name, 0)
             if number < lowest:
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Invalid value {value} for configuration {name}: "
                                  f"Value must be at least {lowest}")
-            top = _INT32_MAX if name in _INT32_CONFIGS else _INT64_MAX
-            if number > top:
+            highest = _MAXIMUMS.get(name)
+            if highest is not None and number > highest:
                 raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}: Not a number")
+                                 f"Invalid value {value} for configuration {name}: "
+                                 f"Value must be no more than {highest}")
             field_name = _LOG_FIELDS.get(name)
             if field_name is not None:
                 changes[field_name] = None if number == -1 else number
@@ -176,8 +209,8 @@ def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Invalid value {value} for configuration {name}: "
                                  "Value must be between 0 and 1")
-        elif name in ("preallocate", "unclean.leader.election.enable", "message.downconversion.enable"):
-            if value.lower() not in ("true", "false"):
+        elif name in _BOOLEAN_CONFIGS:
+            if value.strip().lower() not in ("true", "false"):
                 raise KafkaError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}")
     return changes
 

@@ -183,6 +183,43 @@ def test_alter_configs_validate_only_and_bad_values(admin: AdminClient) -> None:
     assert failure(future)[0] == 3
 
 
+def test_every_kafka_topic_config_is_accepted_and_numbers_parse_as_java_does(
+        admin: AdminClient) -> None:
+    """Configs tools set on real Kafka topics (codec levels, tiered storage, throttles) are
+    accepted and described; numbers are Java longs, so '1_000' is not one."""
+    settings = {"compression.zstd.level": "5", "compression.gzip.level": "9",
+                "local.retention.ms": "-2", "remote.storage.enable": "false",
+                "follower.replication.throttled.replicas": "*",
+                "message.timestamp.difference.max.ms": "60000", "retention.ms": " +5000 "}
+    make_topic(admin, "kafka-configs", config=settings)
+    described = describe(admin, "kafka-configs")
+    for name, value in settings.items():
+        assert described[name].value == value and not described[name].is_default, name
+    assert described["compression.lz4.level"].value == "9"  # Kafka's default
+    bad = {"retention.ms": "1_000", "segment.bytes": "1_048_576", "retention.bytes": "１２",
+           "compression.gzip.level": "12", "compression.lz4.level": "0",
+           "remote.storage.enable": "yes", "max.message.bytes": "2147483648"}
+    for name, value in bad.items():
+        fs = admin.create_topics([NewTopic("kafka-configs-bad", 1, config={name: value})])
+        code, message = failure(fs["kafka-configs-bad"])
+        assert code == 40 and name in message, (name, message)  # INVALID_CONFIG
+
+
+def test_min_insync_replicas_above_the_live_members_refuses_acks_all(
+        kafka: BrokerProcess, admin: AdminClient) -> None:
+    from confluent_kafka import Producer
+
+    make_topic(admin, "min-isr", config={"min.insync.replicas": "2"})
+    outcomes: dict[str, Any] = {}
+    for acks in ("all", "1"):
+        p = Producer({"bootstrap.servers": kafka.bootstrap, "acks": acks,
+                      "message.timeout.ms": 3000, "retries": 0})
+        p.produce("min-isr", b"v", on_delivery=lambda err, _m, a=acks: outcomes.__setitem__(a, err))
+        p.flush(WAIT)
+    assert outcomes["all"] is not None and outcomes["all"].code() == 19  # NOT_ENOUGH_REPLICAS
+    assert outcomes["1"] is None  # Kafka checks min.insync.replicas for acks=all only
+
+
 def test_incremental_set_delete_append_subtract(kafka: BrokerProcess, admin: AdminClient) -> None:
     make_topic(admin, "iac", 1, {"retention.ms": "1000"})
 

@@ -1,5 +1,7 @@
 """Metadata over real sockets: advertised endpoint, auto-create, invalid names, restart-stable ids."""
 
+import sys
+
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
 
@@ -55,6 +57,29 @@ def test_tilde_in_a_topic_name_is_invalid_topic_exception(broker):
     md = admin(broker.bootstrap).list_topics(topic="bad~name", timeout=10)
     assert md.topics["bad~name"].error.code() == KafkaError.TOPIC_EXCEPTION  # 17
     assert "bad~name" not in admin(broker.bootstrap).list_topics(timeout=10).topics
+
+
+def test_auto_create_of_a_colliding_name_answers_that_topic_alone(broker):
+    """'coll.one' exists; Metadata for it and 'coll_one' (which collides once '.' and '_' are
+    identified) answers each topic on its own, on the same connection."""
+    from kio.index import load_request_schema
+
+    from rawkafka import RawClient
+
+    a = admin(broker.bootstrap)
+    assert a.list_topics(topic="coll.one", timeout=10).topics["coll.one"].error is None
+    request_type = load_request_schema(3, 12)
+    topic_type = sys.modules[request_type.__module__].MetadataRequestTopic
+    request = request_type(
+        topics=tuple(topic_type(topic_id=None, name=name) for name in ("coll.one", "coll_one")),
+        allow_auto_topic_creation=True, include_topic_authorized_operations=False)
+    with RawClient(broker.kafka_port) as raw:
+        for _ in range(2):  # the connection stays usable
+            response = raw.call(request)
+            errors = {t.name: int(t.error_code) for t in response.topics}
+            assert errors == {"coll.one": 0, "coll_one": 17}  # INVALID_TOPIC_EXCEPTION
+    assert "coll_one" not in a.list_topics(timeout=10).topics
+    assert "Traceback" not in broker.log()
 
 
 def test_topics_and_cluster_id_survive_a_restart(tmp_path):
