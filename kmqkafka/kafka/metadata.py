@@ -26,7 +26,7 @@ from kmqkafka.kafka import identity
 from kmqkafka.kafka.acl import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, operations
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
-from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.topics import INTERNAL_TOPICS, Topic, TopicCatalog, validate_topic_name
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 API_KEY = 3
@@ -70,7 +70,7 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
     found = topics.get(name)
     if found is not None:
         return succeed((name, found, None))
-    if not auto_create:
+    if not auto_create or name in INTERNAL_TOPICS:
         return succeed((name, None, KafkaError(ErrorCode.unknown_topic_or_partition)))
     try:
         d = topics.create(name)

@@ -32,6 +32,11 @@ _log = Logger()
 
 MAX_PARTITIONS = 256
 MAX_TOPIC_NAME = 249
+# Apache Kafka's own internal topics. Here groups, offsets and producer state live in the
+# store's coordinator channels, so these names are never user topics: CreateTopics refuses
+# them (as Kafka refuses __cluster_metadata) and Metadata never auto-creates them.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__cluster_metadata",
+                             "__share_group_state"})
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 _KEY_PREFIX = b"topic:"
 CONFIG_FAMILY = "config"
@@ -311,6 +316,9 @@ class TopicCatalog:
     ) -> Deferred:
         """Create a topic; fires with the Topic. Raises KafkaError synchronously on bad input."""
         validate_topic_name(name)
+        if name in INTERNAL_TOPICS:
+            raise KafkaError(ErrorCode.invalid_request,
+                             f"Creation of internal topic {name} is prohibited.")
         if partitions is None or partitions < 1:
             partitions = self.default_partitions
         if partitions > MAX_PARTITIONS:

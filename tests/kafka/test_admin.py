@@ -172,6 +172,17 @@ def test_every_advertised_create_and_delete_version(kafka: BrokerProcess, versio
 # --- CreatePartitions (seed 004) -------------------------------------------------------
 
 
+def test_kafka_internal_topic_names_are_never_user_topics(admin: AdminClient) -> None:
+    for name in ("__cluster_metadata", "__consumer_offsets"):
+        for dry in (True, False):
+            code, message = error_of(admin.create_topics([NewTopic(name, 1)],
+                                                         validate_only=dry)[name])
+            assert (code, message) == (42, f"Creation of internal topic {name} is prohibited.")
+    md = admin.list_topics("__consumer_offsets", timeout=WAIT)  # would auto-create a user topic
+    assert md.topics["__consumer_offsets"].error.code() == 3
+    assert "__consumer_offsets" not in admin.list_topics(timeout=WAIT).topics
+
+
 def test_create_partitions_seed_rules_and_messages(admin: AdminClient) -> None:
     for name, n in (("cp-eq", 3), ("cp-less", 3), ("cp-max", 1), ("cp-grow", 1)):
         admin.create_topics([NewTopic(name, n)])[name].result(WAIT)
