@@ -10,7 +10,8 @@ Registering::
 A handler is ``handler(request, ctx) -> Deferred[response] | response`` where ``request`` is the
 kio request dataclass for ``ctx.api_version`` and the response is an instance of
 ``ctx.response_type``. It may return ``NO_RESPONSE`` (acks=0 Produce): nothing is written but the
-connection's response order is kept. Handlers never touch the transport.
+connection's response order is kept; or ``CLOSE_CONNECTION`` (a failed acks=0 Produce): the
+connection closes once the responses before it are written. Handlers never touch the transport.
 
 The advertised table (ApiVersions) is computed from the registry: an API is advertised with the
 versions its handler declares, clipped to the contiguous range whose kio request and response
@@ -80,6 +81,7 @@ class Registration:
     min_version: int
     max_version: int
     on_unsupported: UnsupportedHook | None = None
+    wait_only: bool = False
 
 
 def _loadable(api_key: int, version: int) -> bool:
@@ -164,8 +166,15 @@ class Dispatcher:
         min_version: int,
         max_version: int,
         on_unsupported: UnsupportedHook | None = None,
+        *,
+        wait_only: bool = False,
     ) -> Registration:
         """Register ``handler`` for ``api_key``, advertising ``min_version..max_version``.
+
+        ``wait_only``: the handler's Deferred may be cancelled when its connection goes (a
+        parked Fetch, a JoinGroup waiting for the rebalance), since only its answer is lost.
+        Every other request runs to the end once read, as in Kafka: a Produce whose client
+        hung up is still appended; only its response is dropped.
 
         The advertised range is clipped to the versions kio can decode and encode. Raises
         ``ValueError`` if the key is already registered or no version in the range loads.
@@ -181,7 +190,7 @@ class Dispatcher:
             top = version
         if top < min_version:
             raise ValueError(f"kio has no classes for {api_name(api_key)} v{min_version}")
-        reg = Registration(api_key, handler, min_version, top, on_unsupported)
+        reg = Registration(api_key, handler, min_version, top, on_unsupported, wait_only)
         self._registry[api_key] = reg
         return reg
 
@@ -215,6 +224,11 @@ class Dispatcher:
     def lookup(self, api_key: int) -> Registration | None:
         """The registration for ``api_key``, or ``None`` if the key is not served."""
         return self._registry.get(api_key)
+
+    def wait_only(self, api_key: int) -> bool:
+        """Whether a request of ``api_key`` may be cancelled when its connection goes."""
+        reg = self._registry.get(api_key)
+        return reg is not None and reg.wait_only
 
     def supports(self, api_key: int, api_version: int) -> bool:
         """Whether (``api_key``, ``api_version``) is advertised and will reach a handler."""
@@ -256,7 +270,8 @@ class Dispatcher:
         """Run the handler for ``ctx.api_key``; never fails.
 
         Fires with a response of ``ctx.response_type``, ``NO_RESPONSE`` or ``CLOSE_CONNECTION``.
-        Cancelling the returned Deferred cancels the handler's Deferred (connection lost).
+        Cancelling the returned Deferred cancels the handler's Deferred (connection lost, for
+        ``wait_only`` registrations).
         """
         reg = self._registry[ctx.api_key]
         d = maybeDeferred(reg.handler, request, ctx)
@@ -264,7 +279,8 @@ class Dispatcher:
         return d
 
     def _check(self, response: Any, ctx: RequestContext) -> Any:
-        if response is NO_RESPONSE or type(response) is ctx.response_type:
+        if response is NO_RESPONSE or response is CLOSE_CONNECTION \
+                or type(response) is ctx.response_type:
             return response
         return self._failed(
             Failure(TypeError(f"handler returned {type(response).__name__}, expected "

@@ -989,6 +989,20 @@ class GroupCoordinator:
         d.addCallbacks(lambda _: results, failed)
         return d
 
+    def forget_topic(self, topic: str) -> Deferred:
+        """A deleted topic takes every group's committed offsets of it along, as in Kafka:
+        a group must not resume a recreated topic of that name at an old position."""
+        records = []
+        for group_id in self.offsets.groups():
+            records += self.offsets.delete_records(
+                group_id, [tp for tp in self.offsets.of_group(group_id) if tp[0] == topic])
+        if not records:
+            return succeed(None)
+        d = self._persist(records, OFFSETS_FAMILY)
+        for key, value in records:
+            self.offsets.replay(key, value)
+        return d
+
     def rebalance_groups_subscribed_to(self, topic: str) -> list[str]:
         """Trigger a rebalance of every active consumer group subscribed to ``topic``.
 

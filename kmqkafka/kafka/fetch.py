@@ -318,4 +318,4 @@ class _OutOfRange(Exception):
 
 def register(dispatcher: Dispatcher) -> None:
     """Register Fetch v4..v18 (clipped to what kio provides)."""
-    dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)
+    dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION, wait_only=True)

@@ -81,6 +81,9 @@ def install(broker: Broker) -> GroupCoordinator:
     if topics is not None:
         # Seed 004: growing a topic rebalances every group subscribed to it.
         topics.on_partitions_added(lambda topic: coordinator.rebalance_groups_subscribed_to(topic.name))
+        # Kafka drops a deleted topic's committed offsets. The coordinator that serves does it;
+        # on a follower the offsets stay (its coordinator state is not the live one).
+        topics.on_deleted(lambda topic: coordinator.forget_topic(topic.name) if ready() else None)
     return coordinator
 
 
@@ -537,10 +540,10 @@ def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
 
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(FIND_COORDINATOR, find_coordinator, 0, 6)
-    dispatcher.register(JOIN_GROUP, coordinated(join_group), 0, 9)
+    dispatcher.register(JOIN_GROUP, coordinated(join_group), 0, 9, wait_only=True)
     dispatcher.register(HEARTBEAT, coordinated(heartbeat), 0, 4)
     dispatcher.register(LEAVE_GROUP, coordinated(leave_group), 0, 5)
-    dispatcher.register(SYNC_GROUP, coordinated(sync_group), 0, 5)
+    dispatcher.register(SYNC_GROUP, coordinated(sync_group), 0, 5, wait_only=True)
     dispatcher.register(DESCRIBE_GROUPS, coordinated(describe_groups, _describe_error), 0, 6)
     dispatcher.register(LIST_GROUPS, coordinated(list_groups), 0, 5)
     dispatcher.register(DELETE_GROUPS, coordinated(delete_groups, _delete_error), 0, 2)

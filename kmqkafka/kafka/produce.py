@@ -1,14 +1,17 @@
 """Produce (key 0, v3+): client RecordBatches appended to their partition's channel as sent.
 
-Per partition: the records blob must be one or more whole RecordBatch v2 (magic 2; older magic
-is UNSUPPORTED_FOR_MESSAGE_FORMAT), each with a good CRC (else CORRUPT_MESSAGE) and no larger than
-the topic's ``max.message.bytes`` when set, else ``CONNECTORS_KAFKA_MAX_MESSAGE_BYTES`` (else
-MESSAGE_TOO_LARGE). Every check runs before anything of that partition is appended, so a bad
-partition stores nothing and never fails the other partitions of the request. Records are never
-decoded: the only per-batch work is the header check and the CRC, and a single-batch blob (the
-usual case) reaches the store as the very ``bytes`` object kio decoded, with no copy. The
-store stamps the partition leader epoch (0) as it writes the batch, as Kafka does. Topics with ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit,
-max timestamp = broker time, new CRC) in a copy of the batch.
+Per partition, Kafka's rules (``_check``): exactly one RecordBatch of magic 2 (else
+INVALID_RECORD), no zstd before v7 (UNSUPPORTED_COMPRESSION_TYPE), a good CRC (CORRUPT_MESSAGE),
+no larger than the topic's ``max.message.bytes`` when set, else
+``CONNECTORS_KAFKA_MAX_MESSAGE_BYTES`` (MESSAGE_TOO_LARGE), and an offset range matching its
+record count (INVALID_RECORD). Every check runs before anything of that partition is appended,
+so a bad partition stores nothing and never fails the other partitions of the request. Records
+are decoded only for topics with record-level rules (``_RecordRules``: compacted topics need
+keys, timestamp bounds); otherwise the only work is the header check and the CRC, and the batch
+reaches the store as the very ``bytes`` object kio decoded, with no copy. The store stamps the
+partition leader epoch (0) as it writes the batch, as Kafka does. Topics with
+``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit, max
+timestamp = broker time, new CRC) in a copy of the batch.
 
 Idempotent producers (a batch with a producer id): the batch must carry a base sequence >= 0
 (else INVALID_RECORD); its sequence and epoch are checked by the store when the append is
@@ -17,10 +20,10 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH, or, for a retry of one of 
 last five batches, NONE with the original's base offset and nothing stored again (Kafka also
 reports the original's max timestamp as the log append time then).
 
-acks: 0 → no response; 1 → answered once the batches are in the page cache; -1 → once fsynced
-(group commit), and NOT_ENOUGH_REPLICAS without appending while fewer members are in sync (live)
-than the topic's ``min.insync.replicas``; anything else → INVALID_REQUIRED_ACKS on every
-partition.
+acks: 0 → no response (the connection is closed if a partition failed, as Kafka does);
+1 → answered once the batches are in the page cache; -1 → once fsynced (group commit), and
+NOT_ENOUGH_REPLICAS without appending while fewer members are in sync (live) than the topic's
+``min.insync.replicas``; anything else → INVALID_REQUIRED_ACKS on every partition.
 
 Ordering: appends are proposed synchronously in request order, so pipelined requests to one
 partition keep their order, including on the request that auto-creates the topic (the create
@@ -38,7 +41,7 @@ from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
 
 from kmqkafka import records
-from kmqkafka.dispatch import NO_RESPONSE, Dispatcher
+from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
@@ -80,7 +83,11 @@ def handle(request: Any, ctx: RequestContext) -> Any:
         per_topic.append((topic_key, d))
     d = gatherResults([d for _k, d in per_topic], consumeErrors=True)
     if acks == 0:
-        return d.addCallback(lambda _r: NO_RESPONSE)
+        # No answer to carry an error: Kafka closes the connection instead, so the client
+        # notices (and refreshes its metadata) rather than losing records silently.
+        return d.addCallback(lambda results: CLOSE_CONNECTION if any(
+            answer[1] is not ErrorCode.none for answers in results for answer in answers)
+            else NO_RESPONSE)
     keys = [k for k, _d in per_topic]
     return d.addCallback(_respond, keys, ctx)
 
@@ -154,8 +161,10 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                         acks: int) -> Deferred:
     broker = ctx.broker
     store = broker.store
+    version = ctx.api_version
     limit = _limit(ctx, topic)
     log_append = topic.config_value("message.timestamp.type") == "LogAppendTime"
+    rules = _RecordRules.of(topic, log_append)
     durable = acks == -1
     short_isr = _short_isr(ctx, topic) if durable else None
     metric = broker.metrics.kafka_bytes_in
@@ -170,28 +179,73 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                                 short_isr % f"{topic.name}-{index}")))
             continue
         blob = p.records
+        now_ms = int(broker.reactor.seconds() * 1000)
         try:
-            batches = _check(blob, limit)
+            _check(blob, limit, version)
+            if rules is not None:
+                rules.check(blob, now_ms, f"{topic.name}-{index}")
         except KafkaError as exc:
             out.append(succeed((index, exc.code, -1, -1, -1, exc.message)))
             continue
         channel = channel_for(topic.name, index)
-        now_ms = int(broker.reactor.seconds() * 1000) if log_append else -1
-        if len(batches) == 1 and now_ms < 0:
-            appends = [store.append_batch(channel, blob, durable=durable)]
-        else:
-            appends = [store.append_batch(channel, _stamp(blob, pos, size, now_ms),
-                                          durable=durable)
-                       for pos, size in batches]
+        append_ms = now_ms if log_append else -1
+        data = _log_append_time(blob, now_ms) if log_append else blob
+        d = store.append_batch(channel, data, durable=durable)
         metric.labels(topic.name).inc(len(blob))
-        if len(appends) == 1:
-            d = appends[0]
-        else:
-            d = gatherResults(appends, consumeErrors=True).addCallback(lambda rs: rs[0])
-        d.addCallbacks(_appended, _append_failed, callbackArgs=(index, channel, store, now_ms),
+        d.addCallbacks(_appended, _append_failed, callbackArgs=(index, channel, store, append_ms),
                        errbackArgs=(index, channel))
         out.append(d)
     return gatherResults(out, consumeErrors=True)
+
+
+class _RecordRules:
+    """Topic rules Kafka checks record by record, so the batch must be decoded: a compacted
+    topic takes no record without a key, and a CreateTime topic may bound how far record
+    timestamps lie from the broker's clock (``message.timestamp.before.max.ms`` /
+    ``after.max.ms``, and the older ``difference.max.ms`` for both). Topics without either
+    (nearly all) are never decoded."""
+
+    __slots__ = ("compacted", "before_ms", "after_ms")
+
+    def __init__(self, compacted: bool, before_ms: int, after_ms: int) -> None:
+        self.compacted = compacted
+        self.before_ms = before_ms
+        self.after_ms = after_ms
+
+    @classmethod
+    def of(cls, topic: Topic, log_append: bool) -> "_RecordRules | None":
+        compacted = "compact" in (topic.config_value("cleanup.policy") or "")
+        before = after = _UNBOUNDED
+        if not log_append:
+            diff = int(topic.config_value("message.timestamp.difference.max.ms") or _UNBOUNDED)
+            before = min(diff, int(topic.config_value("message.timestamp.before.max.ms")
+                                   or _UNBOUNDED))
+            after = min(diff, int(topic.config_value("message.timestamp.after.max.ms")
+                                  or _UNBOUNDED))
+        if not compacted and before == after == _UNBOUNDED:
+            return None
+        return cls(compacted, before, after)
+
+    def check(self, blob: bytes, now_ms: int, partition: str) -> None:
+        try:
+            for i, record in enumerate(records.iter_records(blob)):
+                if self.compacted and record.key is None:
+                    raise KafkaError(ErrorCode.invalid_record,
+                                     "Compacted topic cannot accept message without key in "
+                                     f"topic partition {partition}.")
+                ts = record.timestamp
+                if ts != records.NO_TIMESTAMP and (now_ms - ts > self.before_ms
+                                                   or ts - now_ms > self.after_ms):
+                    raise KafkaError(
+                        ErrorCode.invalid_timestamp,
+                        f"Timestamp {ts} of message with offset {i} is out of range. The "
+                        f"timestamp should be within [{now_ms - self.before_ms}, "
+                        f"{now_ms + self.after_ms}]")
+        except records.InvalidBatch as exc:
+            raise KafkaError(error_code_for(exc), str(exc)) from None
+
+
+_UNBOUNDED = 2**63 - 1
 
 
 def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
@@ -208,50 +262,54 @@ def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
             f"requirement of {min_isr} for partition %s")
 
 
-def _check(blob: bytes | None, limit: int) -> list[tuple[int, int]]:
-    """(position, size) of every batch in ``blob``; raises KafkaError for the partition."""
+def _check(blob: bytes | None, limit: int, version: int) -> None:
+    """Raise KafkaError for the partition unless ``blob`` is one acceptable batch.
+
+    Kafka's rules for Produce v3+ first (``ProduceRequest.validateRecords``): exactly one
+    RecordBatch of magic 2 per partition, and no zstd before v7. Then its log checks: size,
+    CRC, no control batches, a sequence with a producer id, and an offset range that matches
+    the record count (else the log would skip offsets)."""
     if not blob:
-        raise KafkaError(ErrorCode.corrupt_message, "empty record set")
+        raise KafkaError(ErrorCode.invalid_record, f"Produce requests with version {version} "
+                         "must have at least one record batch per partition")
     n = len(blob)
     if n > 16 and blob[16] != records.MAGIC_V2:
-        raise KafkaError(ErrorCode.unsupported_for_message_format,
-                         f"Produce requests v3+ carry RecordBatch magic 2 only, got {blob[16]}")
+        raise KafkaError(ErrorCode.invalid_record, f"Produce requests with version {version} "
+                         "are only allowed to contain record batches with magic version 2")
     if n < records.HEADER_SIZE:
         raise KafkaError(ErrorCode.corrupt_message, "record set shorter than a batch header")
     view = memoryview(blob)
-    out = []
-    pos = 0
-    while pos < n:
-        if n - pos > 16 and view[pos + 16] != records.MAGIC_V2:
-            raise KafkaError(ErrorCode.unsupported_for_message_format,
-                             "RecordBatch magic other than 2")
-        if n - pos >= 12:
-            size = records.batch_size_at(view, pos)
-            if size > limit:
-                raise KafkaError(ErrorCode.message_too_large,
-                                 f"batch of {size} bytes exceeds max.message.bytes {limit}")
-        try:
-            header = records.validate_batch(view, pos)
-        except records.InvalidBatch as exc:
-            raise KafkaError(error_code_for(exc), str(exc)) from None
-        except Exception as exc:  # struct.error on a truncated header
-            raise KafkaError(ErrorCode.corrupt_message, str(exc)) from None
-        if header.attributes & records.CONTROL_FLAG:
-            raise KafkaError(ErrorCode.invalid_record, "clients may not produce control batches")
-        if header.producer_id >= 0 and header.base_sequence < 0:
-            raise KafkaError(ErrorCode.invalid_record,
-                             f"Invalid sequence number {header.base_sequence} in record batch "
-                             f"with producerId {header.producer_id}")
-        out.append((pos, header.size))
-        pos += header.size
-    return out
+    header = records.read_header(view)
+    if version < 7 and header.compression == records.COMPRESSION_ZSTD:
+        raise KafkaError(ErrorCode.unsupported_compression_type,
+                         f"Produce requests with version {version} are not allowed to use "
+                         "ZStandard compression")
+    if header.size < n:
+        raise KafkaError(ErrorCode.invalid_record, f"Produce requests with version {version} "
+                         "are only allowed to contain exactly one record batch per partition")
+    if header.size > limit:
+        raise KafkaError(ErrorCode.message_too_large,
+                         f"batch of {header.size} bytes exceeds max.message.bytes {limit}")
+    try:
+        header = records.validate_batch(view)
+    except records.InvalidBatch as exc:
+        raise KafkaError(error_code_for(exc), str(exc)) from None
+    if header.attributes & records.CONTROL_FLAG:
+        raise KafkaError(ErrorCode.invalid_record, "clients may not produce control batches")
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        raise KafkaError(ErrorCode.invalid_record,
+                         f"Invalid sequence number {header.base_sequence} in record batch "
+                         f"with producerId {header.producer_id}")
+    if header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
+        raise KafkaError(ErrorCode.invalid_record,
+                         f"Inconsistent batch offset range [0, {header.last_offset_delta}] "
+                         f"and count of records {header.records_count}")
 
 
-def _stamp(blob: bytes, pos: int, size: int, now_ms: int) -> bytes:
-    """One batch of ``blob`` as bytes; for LogAppendTime (``now_ms >= 0``) Kafka's rewrite."""
-    if now_ms < 0:
-        return blob[pos:pos + size]
-    buf = bytearray(memoryview(blob)[pos:pos + size])
+def _log_append_time(blob: bytes, now_ms: int) -> bytes:
+    """Kafka's LogAppendTime rewrite of a batch: the timestamp-type bit, max timestamp = broker
+    time, a new CRC (in a copy)."""
+    buf = bytearray(blob)
     (attrs,) = _ATTRS.unpack_from(buf, 21)
     _ATTRS.pack_into(buf, 21, attrs | records.TIMESTAMP_TYPE_LOG_APPEND)
     _MAX_TS.pack_into(buf, 35, now_ms)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.logger import Logger
 
 from kmqkafka.kafka.errors import KafkaError
@@ -250,6 +250,7 @@ class TopicCatalog:
         self._cache: dict[str, tuple[bytes, Topic]] = {}
         self.default_partitions = default_partitions
         self._grown_listeners: list[Callable[[Topic], None]] = []
+        self._deleted_listeners: list[Callable[[Topic], Deferred | None]] = []
 
     def on_partitions_added(self, listener: Callable[[Topic], None]) -> None:
         """Call ``listener(topic)`` after a durable partition-count increase.
@@ -258,6 +259,25 @@ class TopicCatalog:
         rebalanced. Listener exceptions are logged and do not fail the request.
         """
         self._grown_listeners.append(listener)
+
+    def on_deleted(self, listener: Callable[[Topic], Deferred | None]) -> None:
+        """Call ``listener(topic)`` after a durable delete; the delete answers once a
+        returned Deferred fires (for the group coordinator: the topic's committed offsets go
+        too). Listener failures are logged and do not fail the request."""
+        self._deleted_listeners.append(listener)
+
+    def _deleted(self, topic: Topic) -> Deferred:
+        waits = []
+        for listener in self._deleted_listeners:
+            try:
+                d = listener(topic)
+            except Exception:
+                _log.failure("topic-deleted listener failed for {topic}", topic=topic.name)
+                continue
+            if d is not None:
+                waits.append(d.addErrback(lambda f: _log.failure(
+                    "topic-deleted listener failed for {topic}", f, topic=topic.name)))
+        return gatherResults(waits).addCallback(lambda _r: topic)
 
     def _grown(self, topic: Topic) -> Topic:
         for listener in self._grown_listeners:
@@ -410,7 +430,7 @@ class TopicCatalog:
         self._cache.pop(name, None)
         d = self._store.propose(c.Batch(tuple(cmds)))
         d.addErrback(_conflict_as, _CHANGED)
-        return d.addCallback(lambda _r: topic)
+        return d.addCallback(lambda _r: self._deleted(topic))
 
     def _raw(self, name: str) -> bytes | None:
         return self._store.keyed_get(CONFIG_FAMILY, _KEY_PREFIX + name.encode())

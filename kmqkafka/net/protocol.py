@@ -122,8 +122,12 @@ class KafkaProtocol(Protocol):
             self.factory.limiter.release()
             self.factory.connection_closed(self)
         pending, self._pending = self._pending, deque()
+        wait_only = self.factory.dispatcher.wait_only
         for slot in pending:
-            if slot.deferred is not None and not slot.done:
+            # Only waits are cancelled: a request that changes state (Produce, a commit, an
+            # admin call) runs to the end, as in Kafka; its response goes nowhere.
+            if slot.deferred is not None and not slot.done and slot.ctx is not None \
+                    and wait_only(slot.ctx.api_key):
                 slot.deferred.cancel()
         self._buf = bytearray()
         self._pos = 0
@@ -273,7 +277,8 @@ class KafkaProtocol(Protocol):
             if slot.result is CLOSE_CONNECTION:
                 if out:
                     self._write(out)
-                self._violation("handler_failed", "handler could not answer; closing")
+                self._violation("handler_failed", "the handler could not answer (or an acks=0 "
+                                "produce failed); closing")
                 return
             correlation_id, response, header_version = slot.result
             try:

@@ -596,7 +596,8 @@ class ChannelLog:
         while len(self._segments) > 1:
             seg = self._segments[0]
             expired = cfg.retention_ms is not None and now_ms - seg.max_timestamp > cfg.retention_ms
-            too_big = cfg.retention_bytes is not None and total > cfg.retention_bytes
+            # Kafka's rule: a segment goes only if what remains still holds retention.bytes.
+            too_big = cfg.retention_bytes is not None and total - seg.size >= cfg.retention_bytes
             too_many = (
                 cfg.retention_messages is not None
                 and self._next - self._log_start > cfg.retention_messages

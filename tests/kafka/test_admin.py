@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
@@ -222,6 +223,49 @@ def test_create_partitions_assignments_are_validated(admin: AdminClient) -> None
 
 
 # --- DeleteTopics -----------------------------------------------------------------------
+
+
+def test_deleting_a_topic_drops_its_committed_offsets(kafka: BrokerProcess,
+                                                      admin: AdminClient) -> None:
+    """As in Kafka: a group must not resume a recreated topic at the old topic's position."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    topic, group = f"dto-{uuid.uuid4().hex[:6]}", f"dto-g-{uuid.uuid4().hex[:6]}"
+
+    def produce(n: int) -> None:
+        p = Producer({"bootstrap.servers": kafka.bootstrap})
+        for i in range(n):
+            p.produce(topic, b"v%d" % i)
+        assert p.flush(WAIT) == 0
+
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(WAIT)
+    produce(5)
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    finally:
+        c.close()
+    admin.delete_topics([topic])[topic].result(WAIT)
+    (future,) = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])]).values()
+    assert [tp.offset for tp in future.result(WAIT).topic_partitions] == [-1001]  # none
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(WAIT)
+    produce(5)
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group,
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    got = []
+    try:
+        c.subscribe([topic])
+        deadline = time.monotonic() + 20
+        while len(got) < 5 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.offset())
+    finally:
+        c.close()
+    assert got == [0, 1, 2, 3, 4]
 
 
 def test_delete_topics_by_name(admin: AdminClient) -> None:

@@ -191,12 +191,58 @@ def test_produce_assigns_dense_offsets_and_fetch_returns_the_stored_bytes(raw: R
     assert bytes(p.records) == expected
 
 
-def test_several_batches_in_one_records_blob_are_appended_in_order(raw: Raw) -> None:
-    topic = unique("multi")
-    (r,) = produce(raw, topic, {0: batch(2) + batch(3) + batch(1)}).values()
-    assert r.error_code is E.none and r.base_offset == 0
-    offsets = list_offsets(raw, topic, {0: -1})
-    assert offsets[0].offset == 6
+def test_produce_v3_plus_rules_for_the_records_blob(raw: Raw) -> None:
+    """Kafka's ProduceRequest.validateRecords: exactly one magic-2 batch per partition, no zstd
+    before v7; and its log check that the offset range matches the record count."""
+    topic = unique("rules")
+    produce(raw, topic, {0: batch()})
+    answers = [produce(raw, topic, {0: blob})[0] for blob in (batch(2) + batch(1), b"")]
+    assert [a.error_code for a in answers] == [E.invalid_record, E.invalid_record]
+    assert answers[0].error_message == ("Produce requests with version 9 are only allowed to "
+                                        "contain exactly one record batch per partition")
+    zstd = batch(2, compression=records.COMPRESSION_ZSTD)
+    assert produce(raw, topic, {0: zstd}, version=6)[0].error_code \
+        is E.unsupported_compression_type
+    for count, delta in ((5, 1), (2, 7)):  # header count or offset range lies; CRC is good
+        bad = bytearray(batch(2))
+        struct.pack_into(">i", bad, 23, delta)   # lastOffsetDelta
+        struct.pack_into(">i", bad, 57, count)   # records count
+        struct.pack_into(">I", bad, 17, records.crc32c(memoryview(bad)[21:]))
+        answer = produce(raw, topic, {0: bytes(bad)})[0]
+        assert answer.error_code is E.invalid_record
+        assert answer.error_message.startswith("Inconsistent batch offset range")
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 1  # nothing of those stored
+    assert produce(raw, topic, {0: zstd}, version=7)[0].base_offset == 1
+
+
+def test_record_level_topic_rules(broker: BrokerProcess, raw: Raw) -> None:
+    """Compacted topics refuse records without a key (INVALID_RECORD); timestamp bounds refuse
+    CreateTime records too far from the broker's clock (INVALID_TIMESTAMP), compressed too."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    compacted, bounded = unique("cmp"), unique("tsb")
+    fs = admin.create_topics([
+        NewTopic(compacted, 1, config={"cleanup.policy": "compact"}),
+        NewTopic(bounded, 1, config={"message.timestamp.before.max.ms": "60000",
+                                     "message.timestamp.after.max.ms": "60000"})])
+    for f in fs.values():
+        f.result(15)
+    now = int(time.time() * 1000)
+    keyless = build_batch([NewRecord(value=b"k", key=b"a", timestamp=now),
+                           NewRecord(value=b"v", key=None, timestamp=now)], now_ms=now,
+                          compression=records.COMPRESSION_GZIP)
+    answer = produce(raw, compacted, {0: keyless})[0]
+    assert answer.error_code is E.invalid_record
+    assert answer.error_message.startswith("Compacted topic cannot accept message without key")
+    assert produce(raw, compacted, {0: batch(2)})[0].error_code is E.none
+    for ts in (now - 3_600_000, now + 3_600_000):
+        late = build_batch([NewRecord(value=b"v", key=b"k", timestamp=now),
+                            NewRecord(value=b"v", key=b"k", timestamp=ts)], now_ms=now,
+                           compression=records.COMPRESSION_LZ4)
+        assert produce(raw, bounded, {0: late})[0].error_code is E.invalid_timestamp
+    fresh = build_batch([NewRecord(value=b"v", timestamp=now)], now_ms=now)
+    assert produce(raw, bounded, {0: fresh})[0].base_offset == 0
 
 
 def test_one_bad_partition_never_fails_the_others(raw: Raw) -> None:
@@ -211,9 +257,7 @@ def test_one_bad_partition_never_fails_the_others(raw: Raw) -> None:
     assert answers[1].error_code is E.unknown_topic_or_partition
     assert answers[7].error_code is E.unknown_topic_or_partition
     answers = produce(raw, topic, {0: bytes(old_magic)})
-    assert answers[0].error_code is E.unsupported_for_message_format
-    answers = produce(raw, topic, {0: batch() + bytes(corrupt)})
-    assert answers[0].error_code is E.corrupt_message  # nothing of that partition stored
+    assert answers[0].error_code is E.invalid_record  # v3+ carries magic 2 only
     assert list_offsets(raw, topic, {0: -1})[0].offset == 1
     answers = produce(raw, topic, {0: batch()})
     assert answers[0].error_code is E.none and answers[0].base_offset == 1
@@ -247,6 +291,27 @@ def test_acks_zero_has_no_response_and_bad_acks_are_refused(raw: Raw) -> None:
     answers = produce(raw, topic, {0: batch()}, acks=1)  # the next response is this one's
     assert answers[0].error_code is E.none and answers[0].base_offset == 1
     assert produce(raw, topic, {0: batch()}, acks=2)[0].error_code is E.invalid_required_acks
+
+
+def test_a_failed_acks_zero_produce_closes_the_connection(broker: BrokerProcess) -> None:
+    """With no response to carry the error, Kafka closes the connection so the client
+    notices; the broker goes on serving new connections."""
+    topic = unique("acks0")
+    r = Raw(broker)
+    try:
+        produce(r, topic, {0: batch()})
+        r.send(0, 9, transactional_id=None, acks=0, timeout=datetime.timedelta(seconds=5),
+               topic_data=[{"name": topic, "partition_data": [{"index": 5,
+                                                               "records": batch()}]}])
+        with pytest.raises((ConnectionError, struct.error, OSError)):
+            produce(r, topic, {0: batch()})
+    finally:
+        r.close()
+    other = Raw(broker)
+    try:
+        assert produce(other, topic, {0: batch()})[0].base_offset == 1
+    finally:
+        other.close()
 
 
 def test_produce_v13_addresses_topics_by_id(raw: Raw) -> None:
@@ -408,6 +473,27 @@ def test_parked_fetch_wakes_as_soon_as_data_arrives(broker: BrokerProcess, raw: 
         assert latencies[10] < 0.05 and latencies[-1] < 0.5
     finally:
         producer.close()
+
+
+@pytest.mark.parametrize("acks", [0, 1, -1])
+def test_a_produce_whose_client_hangs_up_is_still_appended(broker: BrokerProcess,
+                                                           raw: Raw, acks: int) -> None:
+    """Kafka processes every request it has read in full; only the answer is lost."""
+    topic = unique("hangup")
+    produce(raw, topic, {0: batch()})  # the topic exists before the hang-ups
+    for _ in range(10):
+        r = Raw(broker)
+        r.send(0, 9, transactional_id=None, acks=acks, timeout=datetime.timedelta(seconds=5),
+               topic_data=[{"name": topic, "partition_data": [{"index": 0,
+                                                               "records": batch(2)}]}])
+        r.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if list_offsets(raw, topic, {0: -1})[0].offset == 21:
+            break
+        time.sleep(0.1)
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 21
+    assert "Traceback" not in broker.log()
 
 
 def test_closing_the_connection_cancels_the_parked_fetch(broker: BrokerProcess) -> None:

@@ -228,20 +228,31 @@ def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
     assert len(responses(transport.value())) == MAX_IN_FLIGHT + 10
 
 
-def test_connection_lost_cancels_pending_handlers() -> None:
+@pytest.mark.parametrize("wait_only", [True, False])
+def test_connection_lost_cancels_only_waiting_handlers(wait_only: bool) -> None:
+    """A wait (parked Fetch, JoinGroup) is cancelled with its connection; any other request
+    runs to the end, as in Kafka (a Produce whose client hung up is still appended)."""
     h = Harness()
     h.dispatcher._registry.clear()
     cancelled: list[int] = []
+    pending: list[Deferred[Any]] = []
 
     def slow(request: Any, ctx: Any) -> Deferred[Any]:
-        return Deferred(lambda d: cancelled.append(ctx.correlation_id))
+        d: Deferred[Any] = Deferred(lambda d: cancelled.append(ctx.correlation_id))
+        pending.append(d)
+        return d
 
-    h.dispatcher.register(18, slow, 0, 4)
+    h.dispatcher.register(18, slow, 0, 4, wait_only=wait_only)
     proto, transport = h.connect()
     proto.dataReceived(b"".join(api_versions_frame(0, c) for c in (1, 2)))
     proto.connectionLost(None)
-    assert cancelled == [1, 2]
+    assert cancelled == ([1, 2] if wait_only else [])
     assert h.factory.limiter.open == 0
+    if not wait_only:  # finishing after the close writes nothing and raises nothing
+        written = transport.value()
+        for d in pending:
+            d.callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
+        assert transport.value() == written
 
 
 def test_connection_cap_refuses_beyond_limit() -> None:

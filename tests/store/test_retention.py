@@ -51,6 +51,15 @@ def test_retention_by_bytes(tmp_path: Path) -> None:
     log.close()
 
 
+def test_retention_by_bytes_keeps_at_least_the_limit(tmp_path: Path) -> None:
+    """Kafka's rule: a segment goes only if what remains still holds retention.bytes."""
+    size = len(make_batch(10))
+    log = _filled(tmp_path, ONE_PER_SEGMENT.with_changes(retention_bytes=5 * size // 2))
+    assert log.enforce_retention(0) == 2
+    assert log.size_bytes == 3 * size  # dropping a third would leave less than the limit
+    log.close()
+
+
 def test_retention_by_bytes_at_the_limit_drops_nothing(tmp_path: Path) -> None:
     size = len(make_batch(10))
     log = _filled(tmp_path, ONE_PER_SEGMENT.with_changes(retention_bytes=5 * size))
