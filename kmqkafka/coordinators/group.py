@@ -486,8 +486,11 @@ class GroupCoordinator:
                 <= self.max_session_timeout_ms):
             return succeed(JoinResult(ErrorCode.invalid_session_timeout, req.member_id))
         if self.consumer_groups is not None and self.consumer_groups.owns(req.group_id):
-            # A consumer (KIP-848) group takes no classic members (no online migration).
-            return succeed(JoinResult(ErrorCode.inconsistent_group_protocol, req.member_id))
+            # An empty consumer (KIP-848) group converts to a classic one, as in Kafka (its
+            # offsets stay); a non-empty one takes no classic members (no online migration).
+            results, _written = self.consumer_groups.delete_groups([req.group_id])
+            if results.get(req.group_id) is not ErrorCode.none:
+                return succeed(JoinResult(ErrorCode.inconsistent_group_protocol, req.member_id))
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_id:

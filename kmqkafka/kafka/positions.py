@@ -21,6 +21,7 @@ epoch with end offset 0.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -106,17 +107,18 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
     store = ctx.broker.store
     topics: TopicCatalog = ctx.broker.extras["topics"]
     part_cls = t.ListOffsetsPartitionResponse
+    # As Kafka: every occurrence of a partition named more than once is INVALID_REQUEST.
+    named = Counter((topic.name, p.partition_index)
+                    for topic in request.topics for p in topic.partitions)
     out = []
     for topic in request.topics:
         parts = []
-        seen: set[int] = set()
         for p in topic.partitions:
             index = p.partition_index
             code: ErrorCode | None = _epoch_error(getattr(p, "current_leader_epoch", -1))
             ts, offset = -1, -1
-            if index in seen:
+            if named[topic.name, index] > 1:
                 code = ErrorCode.invalid_request
-            seen.add(index)
             channel = _channel(topics, topic.name, index)
             if code is None and channel is None:
                 code = ErrorCode.unknown_topic_or_partition

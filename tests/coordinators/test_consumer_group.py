@@ -431,11 +431,18 @@ def test_state_survives_a_restart() -> None:
     assert "g" not in h2.classic.groups
 
 
-def test_group_types_are_exclusive() -> None:
+def test_group_types_are_exclusive_while_members_remain() -> None:
     h = Harness()
-    h.client("a").heartbeat()
-    join = JoinRequest("g", "", None, "consumer", (("range", b""),), 10000, 10000)
+    a = h.client("a")
+    a.heartbeat()
+    join = JoinRequest("g", "", None, "consumer", (("range", b""),), 10000, 10000,
+                       require_known_member_id=False)
     assert result(h.classic.join(join)).error is E.inconsistent_group_protocol
+    # Once empty, a consumer group converts to a classic one, as in Kafka.
+    h.hb(member_id="a", member_epoch=-1)
+    assert h.c.describe("g").state == "Empty"
+    assert result(h.classic.join(join)).error is E.none
+    assert not h.c.owns("g") and "g" in h.classic.groups
     result(h.classic.join(JoinRequest("cg", "", None, "consumer", (("range", b""),), 10000,
                                       10000, require_known_member_id=False)))
     r = h.hb(group_id="cg", member_id="x", member_epoch=0, rebalance_timeout_ms=1,

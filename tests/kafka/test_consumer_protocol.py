@@ -146,6 +146,22 @@ def test_committed_offsets_resume_after_restart(kmq: BrokerProcess) -> None:
         c.close()
 
 
+def test_an_empty_group_moves_between_protocols_keeping_its_offsets(kmq: BrokerProcess) -> None:
+    """As in Kafka, an empty group converts either way (rolling an application back to the
+    classic protocol needs no group deletion); committed offsets stay."""
+    create_topic(kmq, "cp-mig", 1)
+    batches = [produce(kmq, "cp-mig", 1, 3, prefix=f"b{i}") for i in range(3)]
+    for i, protocol in enumerate(("consumer", "classic", "consumer")):
+        c = consumer(kmq, "g-mig", **{"group.protocol": protocol})
+        try:
+            c.subscribe(["cp-mig"])
+            got = drain([c], 3)
+            assert {v for _, v in got[0]} == batches[i], (i, protocol)
+            c.commit(asynchronous=False)
+        finally:
+            c.close()
+
+
 def test_group_state_survives_a_daemon_restart(kmq: BrokerProcess) -> None:
     """A member keeps its epoch and assignment across a broker restart and keeps consuming."""
     create_topic(kmq, "cp4", 2)

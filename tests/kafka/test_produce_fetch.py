@@ -610,6 +610,16 @@ def test_list_offsets_leader_epoch_checks(raw: Raw) -> None:
     assert response.topics[0].partitions[0].error_code is E.unknown_leader_epoch
 
 
+def test_list_offsets_partition_named_twice_is_invalid_everywhere(raw: Raw) -> None:
+    topic = unique("lo-dup")
+    produce(raw, topic, {0: batch()})
+    ask = {"partition_index": 0, "timestamp": -1, "current_leader_epoch": -1}
+    response = raw.call(2, 7, replica_id=-1, isolation_level=0, topics=[
+        {"name": topic, "partitions": [ask]}, {"name": topic, "partitions": [ask]}])
+    assert [p.error_code for t in response.topics for p in t.partitions] == [
+        E.invalid_request, E.invalid_request]
+
+
 def test_offset_for_leader_epoch(raw: Raw) -> None:
     topic = unique("ofle")
     produce(raw, topic, {0: batch(4)})
