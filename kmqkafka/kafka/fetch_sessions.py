@@ -127,6 +127,10 @@ class FetchContext:
             return True
         changed = cached.must_respond(error, has_records, high_watermark, log_start_offset,
                                       last_stable_offset)
+        if self.incremental and has_records:
+            # Kafka's rotation: a partition that returned records goes to the back of the
+            # session, so the next fetch starts with the others and none starves.
+            self.session.partitions.move_to_end(key)
         return changed or not self.incremental
 
     def done(self) -> None:

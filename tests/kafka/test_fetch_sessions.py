@@ -68,6 +68,24 @@ def test_incremental_fetch_uses_cached_partitions_and_answers_only_news() -> Non
     assert not respond(inc2, B0, hw=4)
 
 
+def test_partitions_that_returned_records_rotate_to_the_back() -> None:
+    """Kafka's rotation: the next incremental fetch starts with partitions that had nothing,
+    so a partition with a deep backlog cannot starve the others under a small max_bytes."""
+    c = cache()
+    full = c.new_context(0, INITIAL_EPOCH, want(A0, A1, B0), [], uses_topic_ids=False, now=0)
+    sid = full.session_id
+    for key in (A0, A1, B0):
+        respond(full, key, hw=9, records=key == A0)
+    inc = c.new_context(sid, 1, [], [], uses_topic_ids=False, now=1)
+    assert [w.key for w in inc.wanted] == [A0, A1, B0]  # a full fetch does not rotate
+    respond(inc, A0, hw=9, records=True)
+    respond(inc, A1, hw=9)
+    respond(inc, B0, hw=9)
+    inc.done()
+    inc = c.new_context(sid, 2, [], [], uses_topic_ids=False, now=2)
+    assert [w.key for w in inc.wanted] == [A1, B0, A0]
+
+
 def test_errors_are_always_answered_and_resent_once_cleared() -> None:
     c = cache()
     full = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)

@@ -438,6 +438,20 @@ def test_a_partition_adds_about_the_soft_cap_per_response(raw: Raw) -> None:
     assert time.monotonic() - started < 2.5
 
 
+def test_min_bytes_just_under_the_soft_cap_answers_at_once(raw: Raw) -> None:
+    """The per-partition soft cap must not park a fetch whose min_bytes the stored data
+    already meets: 160 batches of ~60 KB stored, min_bytes = 2 MiB, max_wait 5 s."""
+    topic = unique("capwait")
+    for _ in range(160):
+        assert produce(raw, topic, {0: batch(1, value_size=MAX_MESSAGE_BYTES - 4000)}
+                       )[0].error_code is E.none
+    started = time.monotonic()
+    p = parts_of(fetch(raw, topic, {0: 0}, max_wait_ms=5000, min_bytes=2 << 20,
+                       partition_max_bytes=50 << 20))[0]
+    assert time.monotonic() - started < 2.5
+    assert p.error_code is E.none and len(p.records) >= 2 << 20
+
+
 def test_idle_long_poll_returns_after_max_wait(raw: Raw) -> None:
     topic = unique("idle")
     produce(raw, topic, {0: batch()})
