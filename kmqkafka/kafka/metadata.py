@@ -88,7 +88,10 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
     t = types_of(ctx)
     brokers = identity.brokers(ctx.broker, ctx.listener)
     leader = identity.leader(ctx.broker)
-    epoch = 0  # see the module docstring
+    # One leader epoch, 0, for every partition forever (stamped into stored batches too): a
+    # committed Raft entry is never truncated, so a client never needs an epoch change to
+    # detect a truncated log (KIP-320); a new leader serves the very same offsets.
+    epoch = 0
     replicas, isr, offline = identity.replicas(ctx.broker, brokers)
     part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     topic_ops = operations(getattr(request, "include_topic_authorized_operations", False),

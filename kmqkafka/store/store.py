@@ -37,6 +37,16 @@ from kmqkafka.store.waiters import Waiters
 
 log = Logger()
 
+
+def _surviving(task: Callable[[], Any]) -> Deferred:
+    """Run one round of a background task; a failed round (no Raft leader for a while, a
+    full disk) is logged, and the task runs again next interval instead of stopping for good."""
+    d = maybeDeferred(task)
+    d.addErrback(lambda f: log.warn("background store task {task} failed: {error}; it runs "
+                                    "again next interval", task=getattr(task, "__name__", task),
+                                    error=f.getErrorMessage()))
+    return d
+
 __all__ = ["AppendResult", "ChannelBounds", "ChannelStore"]
 
 
@@ -120,11 +130,9 @@ class ChannelStore:
             (compaction, self.compact_all),
             (expiry, self._expire_queues),
         ):
-            loop = LoopingCall(fn)
+            loop = LoopingCall(_surviving, fn)
             loop.clock = self._reactor
-            loop.start(interval, now=False).addErrback(
-                lambda f: log.failure("background store task failed", f)
-            )
+            loop.start(interval, now=False)
             self._loops.append(loop)
         self.started = True
         log.info("store recovered {n} channel(s) from {dir}", n=len(self.list_channels(internal=True)),

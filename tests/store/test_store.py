@@ -252,3 +252,21 @@ def test_a_failed_fsync_refuses_later_writes_and_marks_the_store_failed(tmp_path
     assert store.failed
     with pytest.raises(StorageFailure, match="until the daemon restarts"):
         result_of(store.append_batch("kafka.t", batch(1)), clock)
+
+
+def test_a_failed_background_round_does_not_stop_the_task(tmp_path, clock):
+    """A retention round that fails (a cluster node without a Raft leader for a while) is
+    logged; the task runs again next interval rather than never again."""
+    store = ChannelStore(tmp_path / "data", clock, threaded_io=False, retention_interval_s=1)
+    rounds: list[int] = []
+
+    def flaky():
+        rounds.append(1)
+        if len(rounds) == 1:
+            raise RuntimeError("no raft leader within 10.0s")
+
+    store.enforce_retention = flaky
+    result_of(store.start())
+    for _ in range(3):
+        clock.advance(1)
+    assert len(rounds) == 3
