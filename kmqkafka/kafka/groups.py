@@ -45,6 +45,7 @@ from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
 CREATE_PARTITIONS = 37
+DELETE_TOPICS = 20
 KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION = 0, 1
 _CHECK_S = 0.1
 _FORWARD_TIMEOUT_S = 30.0
@@ -81,8 +82,8 @@ def install(broker: Broker) -> GroupCoordinator:
     if topics is not None:
         # Seed 004: growing a topic rebalances every group subscribed to it.
         topics.on_partitions_added(lambda topic: coordinator.rebalance_groups_subscribed_to(topic.name))
-        # Kafka drops a deleted topic's committed offsets. The coordinator that serves does it;
-        # on a follower the offsets stay (its coordinator state is not the live one).
+        # Kafka drops a deleted topic's committed offsets. The serving coordinator does it
+        # (DeleteTopics is relayed to the leader, see ``register``).
         topics.on_deleted(lambda topic: coordinator.forget_topic(topic.name) if ready() else None)
     return coordinator
 
@@ -547,8 +548,10 @@ def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(DESCRIBE_GROUPS, coordinated(describe_groups, _describe_error), 0, 6)
     dispatcher.register(LIST_GROUPS, coordinated(list_groups), 0, 5)
     dispatcher.register(DELETE_GROUPS, coordinated(delete_groups, _delete_error), 0, 2)
-    # Growing a topic rebalances the groups subscribed to it: that belongs on the coordinator.
+    # Growing a topic rebalances the groups subscribed to it, and deleting one drops its
+    # committed offsets: both belong on the coordinator.
     dispatcher.wrap(CREATE_PARTITIONS, leader_routed)
+    dispatcher.wrap(DELETE_TOPICS, leader_routed)
 
 
 def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:

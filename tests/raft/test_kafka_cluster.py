@@ -496,3 +496,31 @@ def test_group_resumes_from_committed_offsets_after_the_leader_is_killed(cluster
                  .leader_id == new_leader, what=f"node {i} names leader {new_leader}")
         wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), topic),
                  what=f"node {i} lists node {old_leader} again")
+
+
+def test_deleting_a_topic_through_a_follower_drops_its_committed_offsets(cluster: Cluster):
+    """DeleteTopics reaching a follower is relayed to the leader, whose group coordinator
+    drops the topic's committed offsets, as Kafka does (a recreated topic starts afresh)."""
+    topic, group = "dto", "dto-group"
+    follower = cluster.follower()
+    assert produce_confluent(cluster.bootstrap(follower), topic,
+                             [b"v%d" % i for i in range(5)]) == list(range(5))
+    c = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap(follower),
+                                  "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, 3)], asynchronous=False)
+    finally:
+        c.close()
+    # Straight to the follower: admin clients send DeleteTopics to the controller (leader).
+    with RawClient(cluster.kafka_ports[follower]) as raw:
+        response = raw.call(req("delete_topics", 4, "DeleteTopicsRequest")(
+            topic_names=(topic,), timeout=ms(10_000)))
+    assert [r.error_code for r in response.responses] == [E.none]
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.bootstrap(follower)})
+
+    def committed() -> list[int]:
+        (f,) = admin.list_consumer_group_offsets([confluent_kafka.ConsumerGroupTopicPartitions(
+            group, [confluent_kafka.TopicPartition(topic, 0)])]).values()
+        return [tp.offset for tp in f.result(10).topic_partitions]
+
+    assert wait_for(lambda: committed() == [-1001], what="offsets dropped")
