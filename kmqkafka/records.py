@@ -19,12 +19,16 @@ Layout of the 61-byte batch header (big-endian)::
 
 from __future__ import annotations
 
+import io
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import cramjam
 import crc32c as _crc32c
+import lz4.frame
+import zstandard
 
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
@@ -242,22 +246,71 @@ class NewRecord:
     timestamp: int = NO_TIMESTAMP
 
 
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
-    """Decompress a batch's records section with Kafka's framing for each codec."""
+DECOMPRESSED_MAX = 128 << 20
+"""Largest records section a batch may decompress to. A few KiB of zstd can expand to GiBs
+(a "bomb"); past this the batch is refused as corrupt instead of exhausting memory."""
+
+
+def decompress(codec: int, data: bytes | memoryview, limit: int = DECOMPRESSED_MAX) -> bytes:
+    """Decompress a batch's records section with Kafka's framing for each codec; raises
+    InvalidBatch if it is malformed or would exceed ``limit`` bytes."""
     if codec == COMPRESSION_NONE:
         return bytes(data)
     try:
         if codec == COMPRESSION_GZIP:
-            return bytes(cramjam.gzip.decompress(bytes(data)))
-        if codec == COMPRESSION_SNAPPY:
-            return _snappy_decompress(bytes(data))
-        if codec == COMPRESSION_LZ4:
-            return bytes(cramjam.lz4.decompress(bytes(data)))
-        if codec == COMPRESSION_ZSTD:
-            return bytes(cramjam.zstd.decompress(bytes(data)))
-    except cramjam.DecompressionError as exc:
+            out = _inflate(bytes(data), limit)
+        elif codec == COMPRESSION_SNAPPY:
+            out = _snappy_decompress(bytes(data), limit)
+        elif codec == COMPRESSION_LZ4:
+            out = _lz4_frames(bytes(data), limit)
+        elif codec == COMPRESSION_ZSTD:
+            out = _zstd_frames(bytes(data), limit)
+        else:
+            raise UnsupportedCompression(f"unknown compression codec {codec}")
+    except (cramjam.DecompressionError, zlib.error, zstandard.ZstdError, RuntimeError) as exc:
         raise InvalidBatch(f"cannot decompress records: {exc}") from exc
-    raise UnsupportedCompression(f"unknown compression codec {codec}")
+    if len(out) > limit:
+        raise InvalidBatch(f"records decompress to more than {limit} bytes")
+    return out
+
+
+def _inflate(data: bytes, limit: int) -> bytes:
+    """gzip, member after member (Java writes one; concatenations are legal)."""
+    out = bytearray()
+    while data and len(out) <= limit:
+        d = zlib.decompressobj(wbits=47)
+        out += d.decompress(data, limit + 1 - len(out))
+        if not d.eof:
+            if d.unconsumed_tail and len(out) > limit:
+                break
+            raise InvalidBatch("truncated gzip records")
+        data = d.unused_data
+    return bytes(out)
+
+
+def _lz4_frames(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    while data and len(out) <= limit:
+        d = lz4.frame.LZ4FrameDecompressor()
+        out += d.decompress(data, max_length=limit + 1 - len(out))
+        if not d.eof:
+            if len(out) > limit:
+                break
+            raise InvalidBatch("truncated lz4 records")
+        data = d.unused_data
+    return bytes(out)
+
+
+def _zstd_frames(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
+                                                    read_across_frames=True) as reader:
+        while len(out) <= limit:
+            chunk = reader.read(1 << 20)
+            if not chunk:
+                break
+            out += chunk
+    return bytes(out)
 
 
 def compress(codec: int, data: bytes) -> bytes:
@@ -275,9 +328,11 @@ def compress(codec: int, data: bytes) -> bytes:
     raise UnsupportedCompression(f"unknown compression codec {codec}")
 
 
-def _snappy_decompress(data: bytes) -> bytes:
-    """Java clients frame snappy the xerial way (magic, versions, sized chunks)."""
+def _snappy_decompress(data: bytes, limit: int) -> bytes:
+    """Java clients frame snappy the xerial way (magic, versions, sized chunks); each raw block
+    states its length up front, so an oversized one is refused before it is expanded."""
     if not data.startswith(_XERIAL_MAGIC):
+        _check_snappy_length(data, limit)
         return bytes(cramjam.snappy.decompress_raw(data))
     out = bytearray()
     pos = 16
@@ -286,9 +341,24 @@ def _snappy_decompress(data: bytes) -> bytes:
             raise InvalidBatch("truncated xerial snappy chunk")
         size = _I32.unpack_from(data, pos)[0]
         pos += 4
-        out += cramjam.snappy.decompress_raw(data[pos : pos + size])
+        chunk = data[pos : pos + size]
+        _check_snappy_length(chunk, limit - len(out))
+        out += cramjam.snappy.decompress_raw(chunk)
         pos += size
     return bytes(out)
+
+
+def _check_snappy_length(block: bytes, limit: int) -> None:
+    """The raw block's preamble: its uncompressed length as an unsigned varint."""
+    length = shift = 0
+    for i, byte in enumerate(block[:10]):
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            if length > limit:
+                raise InvalidBatch(f"records decompress to more than {limit} bytes")
+            return
+        shift += 7
+    raise InvalidBatch("bad snappy length preamble")
 
 
 def iter_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[Record]:

@@ -245,6 +245,24 @@ def test_record_level_topic_rules(broker: BrokerProcess, raw: Raw) -> None:
     assert produce(raw, bounded, {0: fresh})[0].base_offset == 0
 
 
+def test_a_compression_bomb_to_a_compacted_topic_is_refused(broker: BrokerProcess,
+                                                             raw: Raw) -> None:
+    """A compacted topic's records are decoded to check keys: a few KiB of zstd that would
+    expand past ``records.DECOMPRESSED_MAX`` is CORRUPT_MESSAGE, and the broker carries on."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = unique("bomb")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, config={"cleanup.policy": "compact"})]
+                        )[topic].result(15)
+    bomb = build_batch([NewRecord(value=bytes(records.DECOMPRESSED_MAX), key=b"k")],
+                       now_ms=1, compression=records.COMPRESSION_ZSTD)
+    assert len(bomb) < MAX_MESSAGE_BYTES
+    answer = produce(raw, topic, {0: bomb})[0]
+    assert answer.error_code is E.corrupt_message
+    assert produce(raw, topic, {0: batch()})[0].base_offset == 0
+
+
 def test_one_bad_partition_never_fails_the_others(raw: Raw) -> None:
     topic = unique("mixed")
     produce(raw, topic, {0: batch()})  # auto-create (one partition)
