@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher, api_name
 from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
 from kmqkafka.metrics import Metrics
+from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
 
 MAX_IN_FLIGHT = 64
@@ -215,7 +216,10 @@ class KafkaProtocol(Protocol):
         request_type = dispatcher.request_type(api_key, api_version)
         response_type = dispatcher.response_type(api_key, api_version)
         try:
+            # Lengths first: kio would reserve whatever an array count claims (see guard.py).
+            guard.check(request_type.__header_schema__, frame, 0)
             header, used = entity_reader(request_type.__header_schema__)(frame, 0)
+            guard.check(request_type, frame, used)
             request, body = entity_reader(request_type)(frame, used)
             # Trailing bytes are ignored, as Apache Kafka does: librdkafka, for one, sends
             # Metadata v12 bodies with fields the schema no longer has.

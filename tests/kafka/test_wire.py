@@ -343,6 +343,45 @@ def test_truncated_body_closes(broker: BrokerProcess) -> None:
     roundtrip_ok(broker.kafka_port)
 
 
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _header_v2(api_key: int, version: int) -> bytes:
+    return struct.pack(">hhih", api_key, version, 7, 4) + b"fuzz" + b"\x00"
+
+
+HUGE = 2**32 - 2
+# Tiny frames whose array, string or tag counts claim billions of elements: kio's native
+# reader reserves capacity from such a count, and the failed allocation aborted the process.
+HOSTILE_COUNTS = {
+    "metadata topics": _header_v2(3, 12) + _uvarint(HUGE),
+    "header tagged fields": struct.pack(">hhih", 3, 12, 7, 4) + b"fuzz" + _uvarint(HUGE),
+    "api versions string": _header_v2(18, 3) + _uvarint(HUGE),
+    "produce records": _header_v2(0, 9) + b"\x00\xff\xff" + struct.pack(">i", 1000)
+    + b"\x02\x09fz-topic\x02" + struct.pack(">i", 0) + _uvarint(HUGE),
+    "fetch partitions": _header_v2(1, 12) + struct.pack(">iiiib", -1, 100, 1, 1000, 0)
+    + struct.pack(">ii", 0, -1) + b"\x02\x09fz-topic" + _uvarint(HUGE),
+    "legacy array": struct.pack(">hhih", 3, 4, 7, 4) + b"fuzz" + struct.pack(">i", 2**31 - 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_COUNTS))
+def test_counts_beyond_the_frame_close_only_that_connection(broker: BrokerProcess,
+                                                           name: str) -> None:
+    body = HOSTILE_COUNTS[name]
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        assert is_closed(sock)
+    assert broker.proc.poll() is None, broker.log()[-2000:]
+    roundtrip_ok(broker.kafka_port)
+
+
 def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None:
     versions = [0, 3, 1, 4, 2, 99, 3, 0] * 8
     with connect(broker.kafka_port) as sock:
