@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, inlineCallbacks, maybeDeferred
+from twisted.internet.defer import Deferred, fail, inlineCallbacks, maybeDeferred
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
@@ -71,7 +71,12 @@ class BrokerService(MultiService):
     def startService(self) -> None:
         super().startService()
         if self.http is not None:
-            self._http_port = self._listen(self.http)
+            try:
+                self._http_port = self._listen(self.http)
+            except Exception:  # e.g. the port is taken: stop with one line, exit status 1
+                self.started = fail()
+                self.started.addErrback(self._fatal)
+                return
         self.started = self._start()
         self.started.addErrback(self._fatal)
 

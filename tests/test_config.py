@@ -162,3 +162,27 @@ def test_twistd_exits_nonzero_with_the_one_line(tmp_path: Path, name: str, value
     assert len(lines) == 1, lines
     assert name in lines[0] and value in lines[0]
     assert not (tmp_path / "d").exists(), "nothing may be opened before settings are valid"
+
+
+@pytest.mark.parametrize("taken", ["KMQKAFKA_HTTP_PORT", "CONNECTORS_KAFKA_PORT"])
+def test_a_taken_port_stops_start_up_with_exit_status_1(tmp_path: Path, taken: str) -> None:
+    """A second daemon on a busy port must exit (systemd restarts it), not run on deaf."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    ports = {"KMQKAFKA_HTTP_PORT": str(free_port()), "CONNECTORS_KAFKA_PORT": str(free_port())}
+    ports[taken] = str(holder.getsockname()[1])
+    env = base_env()
+    env.update({**ports, "KMQKAFKA_HTTP_HOST": "127.0.0.1", "CONNECTORS_KAFKA_ENABLE": "true",
+                "CONNECTORS_KAFKA_BIND_HOST": "127.0.0.1",
+                "KMQKAFKA_DATA_DIR": str(tmp_path / "d")})
+    try:
+        proc = subprocess.run([str(TWISTD), "-n", "--pidfile=", "kmqkafka"], cwd=tmp_path,
+                              env=env, capture_output=True, timeout=60)
+    finally:
+        holder.close()
+    out = (proc.stdout + proc.stderr).decode()
+    assert proc.returncode == 1, out
+    assert f"could not start: Couldn't listen on 127.0.0.1:{ports[taken]}" in out
