@@ -100,6 +100,8 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
     for name, topic, error in resolved:
         if topic is None:
             code = error_code_for(error) if error is not None else ErrorCode.unknown_topic_or_partition
+            if name is None and ctx.api_version < 12:  # the name is nullable from v12 only
+                name = ""
             out.append(make(t.MetadataResponseTopic, error_code=code, name=name,
                             topic_id=_ZERO_UUID, is_internal=False, partitions=()))
             continue

@@ -8,9 +8,10 @@ array takes at least one byte on the wire, so a count larger than the bytes left
 
 ``check(entity_type, frame, offset)`` walks the schema once over the frame without building
 anything: fixed-size fields and payloads are skipped by their length, arrays are checked against
-what is left before their elements are walked, and tagged fields of flexible versions are
-walked inside their stated size. It raises ``MalformedFrame``; the connection then closes, as for
-any malformed request. Plans are built once per kio class.
+what is left before their elements are walked, tagged fields of flexible versions are walked
+inside their stated size, and one request holds at most ``MAX_ELEMENTS`` array elements. It
+raises ``MalformedFrame``; the connection then closes, as for any malformed request. Plans are
+built once per kio class.
 """
 from __future__ import annotations
 
@@ -43,8 +44,17 @@ _I32 = struct.Struct(">i")
 Step = Callable[[Any, int, int], int]
 
 
+MAX_ELEMENTS = 200_000
+"""Array elements one request may hold in all. Far above what clients send (a Fetch of every
+partition of a large cluster is a few thousand); a 4 MB DescribeProducers naming a million
+partitions held the reactor for 8.5 s."""
+
+_budget = [MAX_ELEMENTS]  # reactor thread only: reset by every ``check``
+
+
 def check(entity_type: type, frame: Any, offset: int = 0) -> int:
     """Walk ``entity_type`` over ``frame`` from ``offset``; return where it ends."""
+    _budget[0] = MAX_ELEMENTS
     return _entity_step(entity_type)(frame, offset, len(frame))
 
 
@@ -100,7 +110,8 @@ def _primitive_step(kafka_type: str, flexible: bool, legacy_string: bool = False
     return sized
 
 
-def _array_step(element: Step, flexible: bool) -> Step:
+def _array_step(element: Step, flexible: bool, fixed: int | None = None) -> Step:
+    """``fixed``: the element size when it has one (skipped in one step)."""
     read = _length_reader(flexible, _I32)
 
     def array(buf: Any, pos: int, end: int) -> int:
@@ -109,6 +120,11 @@ def _array_step(element: Step, flexible: bool) -> Step:
             return pos
         if n < 0 or n > end - pos:  # every element takes at least one byte
             raise MalformedFrame(f"an array of {n} elements in {end - pos} bytes")
+        _budget[0] -= n
+        if _budget[0] < 0:
+            raise MalformedFrame(f"more than {MAX_ELEMENTS} array elements in one request")
+        if fixed is not None:
+            return _skip(pos, n * fixed, end)
         for _ in range(n):
             pos = element(buf, pos, end)
         return pos
@@ -121,7 +137,9 @@ def _field_step(field: Any, flexible: bool, header: bool, tagged: bool) -> Step:
         return _primitive_step(get_schema_field_type(field), flexible,
                                legacy_string=header and field.name == "client_id")
     if isinstance(kind, PrimitiveTupleField):
-        return _array_step(_primitive_step(get_schema_field_type(field), flexible), flexible)
+        kafka_type = get_schema_field_type(field)
+        return _array_step(_primitive_step(kafka_type, flexible), flexible,
+                           _FIXED.get(kafka_type))
     if isinstance(kind, EntityTupleField):
         return _array_step(_entity_step(kind.type_), flexible)
     assert isinstance(kind, EntityField)

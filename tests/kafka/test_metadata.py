@@ -82,6 +82,24 @@ def test_auto_create_of_a_colliding_name_answers_that_topic_alone(broker):
     assert "Traceback" not in broker.log()
 
 
+def test_a_null_topic_name_gets_an_error_not_a_dropped_connection(broker):
+    from kio.index import load_request_schema
+
+    from rawkafka import RawClient
+
+    for version in (10, 11, 12):
+        request_type = load_request_schema(3, version)
+        topic_type = sys.modules[request_type.__module__].MetadataRequestTopic
+        extra = {"include_cluster_authorized_operations": False} if version < 11 else {}
+        request = request_type(topics=(topic_type(topic_id=None, name=None),),
+                               allow_auto_topic_creation=True,
+                               include_topic_authorized_operations=False, **extra)
+        with RawClient(broker.kafka_port) as raw:
+            (topic,) = raw.call(request).topics
+        assert int(topic.error_code) == 17, version  # INVALID_TOPIC_EXCEPTION
+    assert "Traceback" not in broker.log()
+
+
 def test_topics_and_cluster_id_survive_a_restart(tmp_path):
     b = start_broker(tmp_path)
     try:

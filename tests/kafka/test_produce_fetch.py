@@ -223,7 +223,8 @@ def test_record_level_topic_rules(broker: BrokerProcess, raw: Raw) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     compacted, bounded = unique("cmp"), unique("tsb")
     fs = admin.create_topics([
-        NewTopic(compacted, 1, config={"cleanup.policy": "compact"}),
+        NewTopic(compacted, 1, config={"cleanup.policy": "compact",
+                                       "max.message.bytes": "1000000"}),
         NewTopic(bounded, 1, config={"message.timestamp.before.max.ms": "60000",
                                      "message.timestamp.after.max.ms": "60000"})])
     for f in fs.values():
@@ -243,6 +244,14 @@ def test_record_level_topic_rules(broker: BrokerProcess, raw: Raw) -> None:
         assert produce(raw, bounded, {0: late})[0].error_code is E.invalid_timestamp
     fresh = build_batch([NewRecord(value=b"v", timestamp=now)], now_ms=now)
     assert produce(raw, bounded, {0: fresh})[0].base_offset == 0
+    # Record-level checks run on the reactor: a batch of more records than that is refused.
+    from kmqkafka.kafka.produce import MAX_CHECKED_RECORDS
+
+    many = build_batch([NewRecord(value=b"", key=b"k")] * (MAX_CHECKED_RECORDS + 1), now_ms=now,
+                       compression=records.COMPRESSION_ZSTD)
+    started = time.monotonic()
+    assert produce(raw, compacted, {0: many})[0].error_code is E.invalid_record
+    assert time.monotonic() - started < 2
 
 
 def test_a_compression_bomb_to_a_compacted_topic_is_refused(broker: BrokerProcess,

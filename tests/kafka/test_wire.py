@@ -382,6 +382,36 @@ def test_counts_beyond_the_frame_close_only_that_connection(broker: BrokerProces
     roundtrip_ok(broker.kafka_port)
 
 
+def test_a_request_naming_too_many_elements_closes_only_that_connection(
+        broker: BrokerProcess) -> None:
+    """A legal but enormous request (300,000 partitions in one DescribeProducers) would hold
+    the reactor for seconds; the guard refuses it before any handler runs."""
+    import io
+    import sys
+
+    from kio.index import load_request_schema
+    from kio.serial import entity_writer
+
+    from kmqkafka.net.guard import MAX_ELEMENTS
+
+    request_type = load_request_schema(61, 0)
+    topic_type = sys.modules[request_type.__module__].TopicRequest
+    request = request_type(topics=tuple(
+        topic_type(name=f"t{i}", partition_indexes=tuple(range(300))) for i in range(1000)))
+    assert 1000 * 300 > MAX_ELEMENTS
+    buf = io.BytesIO()
+    header_type = request_type.__header_schema__
+    entity_writer(header_type)(buf, header_type(request_api_key=61, request_api_version=0,
+                                                correlation_id=1, client_id="big"))
+    entity_writer(request_type)(buf, request)
+    started = time.monotonic()
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(struct.pack(">i", len(buf.getvalue())) + buf.getvalue())
+        assert is_closed(sock)
+    assert time.monotonic() - started < 3
+    roundtrip_ok(broker.kafka_port)
+
+
 def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None:
     versions = [0, 3, 1, 4, 2, 99, 3, 0] * 8
     with connect(broker.kafka_port) as sock:
