@@ -21,7 +21,7 @@ from kmqkafka.kafka import (
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
-from kmqkafka.kafka.topics import TopicCatalog
+from kmqkafka.kafka.topics import TopicCatalog, partition_budget
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import ConnectionLimiter, KafkaFactory
 from kmqkafka.service import BrokerService, Listener, exit_cleanly_on_sigterm, exit_with
@@ -73,7 +73,8 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     broker = Broker(settings=settings, reactor=reactor, metrics=metrics, store=store)
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher
-    broker.extras["topics"] = TopicCatalog(store)
+    broker.extras["topics"] = TopicCatalog(
+        store, max_partitions=partition_budget(settings.kafka_max_connections))
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
     register_handlers(dispatcher)

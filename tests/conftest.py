@@ -115,12 +115,12 @@ def http_get(port: int, path: str, timeout: float = 5.0) -> bytes:
         return r.read()
 
 
-def _spawn(cwd: Path, env: Mapping[str, str], args: Sequence[str], log_path: Path
-           ) -> subprocess.Popen[bytes]:
+def _spawn(cwd: Path, env: Mapping[str, str], args: Sequence[str], log_path: Path,
+           prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     log = open(log_path, "ab")
     try:
         return subprocess.Popen(
-            [str(TWISTD), "-n", "--pidfile=", "kmqkafka", *args],
+            [*prefix, str(TWISTD), "-n", "--pidfile=", "kmqkafka", *args],
             cwd=cwd, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
@@ -150,11 +150,12 @@ def start_broker(
     data_dir: Path | None = None,
     wait: bool = True,
     timeout: float = 30.0,
+    prefix: Sequence[str] = (),
 ) -> BrokerProcess:
     """Start ``twistd -n kmqkafka`` on free 127.0.0.1 ports with a data dir under ``tmp_path``.
 
     ``env`` entries override the defaults set here (ports, hosts, data dir, Kafka enabled);
-    ``args`` are appended to the command line. With ``wait`` (default) returns once ``/health``
+    ``args`` are appended to the command line, ``prefix`` goes before it (a wrapper). With ``wait`` (default) returns once ``/health``
     is 200, raising (with the daemon's log) if it exits or is not healthy within ``timeout``.
     The caller must ``stop()`` or ``kill()`` it; prefer the ``broker`` fixture when possible.
     """
@@ -176,7 +177,7 @@ def start_broker(
     http_port = int(full_env["KMQKAFKA_HTTP_PORT"])
     log_path = tmp_path / f"kmqkafka-{kafka_port}.log"
     broker = BrokerProcess(
-        proc=_spawn(tmp_path, full_env, list(args), log_path),
+        proc=_spawn(tmp_path, full_env, list(args), log_path, prefix),
         data_dir=data_dir, kafka_port=kafka_port, tls_port=tls_port, http_port=http_port,
         log_path=log_path, env=full_env, args=list(args), cwd=tmp_path,
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -242,11 +243,31 @@ def _all_log_changes(configs: Mapping[str, str]) -> dict[str, Any]:
     return validate_configs(merged)
 
 
+def partition_budget(max_connections: int) -> int:
+    """Channels this process can keep open: its open-file limit (the soft limit is raised to
+    the hard one first) less the Kafka connections allowed and a reserve for everything else
+    (indexes, the Raft log, snapshots, HTTP)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(16, soft - max_connections - 512)
+
+
 class TopicCatalog:
     """Create, grow, reconfigure, delete and look up topics. Reactor thread only."""
 
-    def __init__(self, store: Any, *, default_partitions: int = 1) -> None:
+    def __init__(self, store: Any, *, default_partitions: int = 1,
+                 max_partitions: int | None = None) -> None:
+        """``max_partitions``: the most channels this node may hold (see
+        ``partition_budget``); creates beyond it are POLICY_VIOLATION."""
         self._store = store
+        self.max_partitions = max_partitions
         self._cache: dict[str, tuple[bytes, Topic]] = {}
         self.default_partitions = default_partitions
         self._grown_listeners: list[Callable[[Topic], None]] = []
@@ -348,6 +369,7 @@ class TopicCatalog:
         if self.get(name) is not None:
             raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
         self._check_collision(name)
+        self._check_budget(partitions)
         explicit = {k: v for k, v in (configs or {}).items() if v is not None}
         log_changes = _all_log_changes(explicit)
         topic = Topic(name, uuid.uuid4(), partitions, explicit)
@@ -362,6 +384,18 @@ class TopicCatalog:
         d.addErrback(_conflict_as, KafkaError(ErrorCode.topic_already_exists,
                                               f"Topic '{name}' already exists."))
         return d.addCallback(lambda _r: topic)
+
+    def _check_budget(self, more: int) -> None:
+        """Each partition keeps a segment file open: past the budget the process would run out
+        of file descriptors, fail its fsyncs and refuse every write, even after a restart."""
+        if self.max_partitions is None:
+            return
+        held = self._store.channel_count()
+        if held + more > self.max_partitions:
+            raise KafkaError(
+                ErrorCode.policy_violation,
+                f"{more} more partition(s) would take this broker past {self.max_partitions}, "
+                f"the most its open-file limit allows (it holds {held}); raise LimitNOFILE")
 
     def _check_collision(self, name: str) -> None:
         """Kafka refuses names equal to an existing one once '.' and '_' are identified."""
@@ -384,6 +418,7 @@ class TopicCatalog:
                              f"topic already has {topic.partitions} partition(s)")
         if count < topic.partitions:
             raise KafkaError(ErrorCode.invalid_partitions, "partition count must be >= current")
+        self._check_budget(count - topic.partitions)
         grown = Topic(topic.name, topic.topic_id, count, topic.configs)
         if validate_only:
             return _done(grown)

@@ -262,6 +262,10 @@ class ChannelStore:
     def exists(self, name: str) -> bool:
         return self.machine.exists(name)
 
+    def channel_count(self) -> int:
+        """Channels of every kind (internal ones too): each keeps a segment file open."""
+        return len(self.machine.channels) + len(self.machine.queues)
+
     def kind(self, name: str) -> str | None:
         if name in self.machine.channels:
             return "events"

@@ -184,6 +184,29 @@ def test_kafka_internal_topic_names_are_never_user_topics(admin: AdminClient) ->
     assert "__consumer_offsets" not in admin.list_topics(timeout=WAIT).topics
 
 
+def test_partitions_stop_at_what_the_open_file_limit_allows(tmp_path: Path) -> None:
+    """Each partition keeps a segment file open: with 1,600 descriptors and 1,000 connections
+    allowed, creates past the budget are POLICY_VIOLATION, and the broker keeps serving (it used
+    to run out of descriptors, fail its fsyncs and refuse every write, even after a restart)."""
+    import sys
+
+    limit = ("import resource, os, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
+             "(1600, 1600)); os.execv(sys.argv[1], sys.argv[1:])")
+    b = start_broker(tmp_path, prefix=[sys.executable, "-c", limit])
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("fd-a", 60)])["fd-a"].result(WAIT)
+        code, message = error_of(admin.create_topics([NewTopic("fd-b", 60)])["fd-b"])
+        assert code == 44 and "open-file limit" in message  # POLICY_VIOLATION
+        code, _ = error_of(admin.create_partitions([NewPartitions("fd-a", 120)])["fd-a"])
+        assert code == 44
+        admin.delete_topics(["fd-a"])["fd-a"].result(WAIT)
+        admin.create_topics([NewTopic("fd-b", 60)])["fd-b"].result(WAIT)
+        assert b.health() == 200
+    finally:
+        b.stop()
+
+
 def test_create_partitions_seed_rules_and_messages(admin: AdminClient) -> None:
     for name, n in (("cp-eq", 3), ("cp-less", 3), ("cp-max", 1), ("cp-grow", 1)):
         admin.create_topics([NewTopic(name, n)])[name].result(WAIT)
