@@ -60,6 +60,10 @@ SETTINGS: tuple[Setting, ...] = (
             "port given to clients in Metadata (0 = the listener's own port)"),
     Setting("kafka_max_connections", "CONNECTORS_KAFKA_MAX_CONNECTIONS", "kafka-max-connections",
             "kafka", "max_connections", "posint", 1000, "open Kafka connections allowed"),
+    Setting("kafka_connections_max_idle_ms", "CONNECTORS_KAFKA_CONNECTIONS_MAX_IDLE_MS",
+            "kafka-connections-max-idle-ms", "kafka", "connections_max_idle_ms", "posint",
+            600000, "a Kafka connection idle this long (ms) is closed (Kafka's "
+            "connections.max.idle.ms)"),
     Setting("kafka_max_message_bytes", "CONNECTORS_KAFKA_MAX_MESSAGE_BYTES",
             "kafka-max-message-bytes", "kafka", "max_message_bytes", "posint", 1048576,
             "largest record batch accepted"),
@@ -172,6 +176,7 @@ class Settings:
     kafka_advertised_host: str = "127.0.0.1"
     kafka_advertised_port: int = 9092
     kafka_max_connections: int = 1000
+    kafka_connections_max_idle_ms: int = 600000
     kafka_max_message_bytes: int = 1048576
     kafka_max_groups: int = 10000
     kafka_consumer_session_timeout_ms: int = 45000

@@ -86,7 +86,8 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
 
         def factory(name: str) -> KafkaFactory:
             return KafkaFactory(dispatcher, metrics, reactor, settings.max_frame_bytes, limiter,
-                                listener=name, broker=broker)
+                                listener=name, broker=broker,
+                                max_idle_s=settings.kafka_connections_max_idle_ms / 1000)
 
         listeners.append(
             Listener("PLAINTEXT", settings.kafka_bind_host, settings.kafka_port, factory("PLAINTEXT"))

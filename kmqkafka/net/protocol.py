@@ -26,6 +26,7 @@ from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeade
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -98,6 +99,7 @@ class KafkaProtocol(Protocol):
         self._in_process = False
         self._drain_waiters: list[Deferred[None]] = []
         self.peer = ""
+        self.last_active = factory.reactor.seconds()
 
     # -- Twisted hooks -------------------------------------------------------------------------
 
@@ -134,9 +136,15 @@ class KafkaProtocol(Protocol):
         self._pos = 0
         self._fire_drained()
 
+    @property
+    def busy(self) -> bool:
+        """A request is in flight (a parked Fetch is not idleness)."""
+        return bool(self._pending)
+
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
+        self.last_active = self.factory.reactor.seconds()
         self._buf += data
         self._process()
 
@@ -312,6 +320,7 @@ class KafkaProtocol(Protocol):
         over pread buffers) replaces that copy instead of adding one.
         """
         data = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+        self.last_active = self.factory.reactor.seconds()
         self.transport.write(data)
 
     @staticmethod
@@ -375,7 +384,10 @@ class KafkaFactory(Factory):
         limiter: ConnectionLimiter,
         listener: str = "PLAINTEXT",
         broker: Broker | None = None,
+        max_idle_s: float | None = None,
     ) -> None:
+        """``max_idle_s``: close connections idle that long (Kafka's connections.max.idle.ms);
+        checked every quarter of it, at most every 30 s, while the factory listens."""
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.reactor = reactor
@@ -385,9 +397,34 @@ class KafkaFactory(Factory):
         self.broker = broker
         self.connections: set[KafkaProtocol] = set()
         self.noisy = False
+        self.max_idle_s = max_idle_s
+        self._idle_sweep: LoopingCall | None = None
 
     def buildProtocol(self, addr: IAddress) -> KafkaProtocol:
         return KafkaProtocol(self)
+
+    def startFactory(self) -> None:
+        if self.max_idle_s and self._idle_sweep is None:
+            self._idle_sweep = LoopingCall(self.close_idle)
+            self._idle_sweep.clock = self.reactor
+            self._idle_sweep.start(min(30.0, max(0.25, self.max_idle_s / 4)), now=False)
+
+    def stopFactory(self) -> None:
+        if self._idle_sweep is not None and self._idle_sweep.running:
+            self._idle_sweep.stop()
+        self._idle_sweep = None
+
+    def close_idle(self) -> int:
+        """Close every connection with nothing in flight and no bytes for ``max_idle_s``."""
+        if not self.max_idle_s:
+            return 0
+        cutoff = self.reactor.seconds() - self.max_idle_s
+        idle = [p for p in self.connections if not p.busy and p.last_active < cutoff]
+        for p in idle:
+            p.log.info("closing Kafka connection from {peer}: idle for {s:.0f}s", peer=p.peer,
+                       s=self.max_idle_s)
+            p.transport.loseConnection()
+        return len(idle)
 
     def connection_opened(self, protocol: KafkaProtocol) -> None:
         """Called by a protocol that was admitted under the connection cap."""

@@ -10,6 +10,7 @@ import os
 import socket
 import ssl
 import struct
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -410,6 +411,40 @@ def test_a_request_naming_too_many_elements_closes_only_that_connection(
         assert is_closed(sock)
     assert time.monotonic() - started < 3
     roundtrip_ok(broker.kafka_port)
+
+
+def test_idle_connections_are_closed_but_a_parked_fetch_is_not_idle(tmp_path: Path) -> None:
+    """Kafka's connections.max.idle.ms (1 s here): a silent connection goes; one waiting on
+    a long-poll Fetch is busy, not idle, and gets its answer."""
+    import datetime
+
+    from kio.index import load_request_schema
+
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_CONNECTIONS_MAX_IDLE_MS": "1000"})
+    try:
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("idle", 1)])["idle"].result(15)
+        silent = connect(b.kafka_port)
+        request_type = load_request_schema(1, 4)
+        types = sys.modules[request_type.__module__]
+        fetch = request_type(
+            replica_id=-1, max_wait=datetime.timedelta(seconds=3), min_bytes=1,
+            max_bytes=1 << 20, isolation_level=0, topics=(types.FetchTopic(
+                topic="idle", partitions=(types.FetchPartition(
+                    partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),))
+        from rawkafka import RawClient
+
+        with RawClient(b.kafka_port) as raw:
+            started = time.monotonic()
+            raw.call(fetch)  # parked for max_wait: 3 s, three idle periods
+            assert time.monotonic() - started >= 2.5
+        silent.settimeout(5)
+        assert is_closed(silent)
+        roundtrip_ok(b.kafka_port)
+    finally:
+        b.stop()
 
 
 def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None:
