@@ -23,7 +23,7 @@ import io
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import cramjam
 import crc32c as _crc32c
@@ -258,11 +258,11 @@ def decompress(codec: int, data: bytes | memoryview, limit: int = DECOMPRESSED_M
         return bytes(data)
     try:
         if codec == COMPRESSION_GZIP:
-            out = _inflate(bytes(data), limit)
+            out = _streams(bytes(data), limit, lambda: zlib.decompressobj(wbits=47), "gzip")
         elif codec == COMPRESSION_SNAPPY:
             out = _snappy_decompress(bytes(data), limit)
         elif codec == COMPRESSION_LZ4:
-            out = _lz4_frames(bytes(data), limit)
+            out = _streams(bytes(data), limit, lz4.frame.LZ4FrameDecompressor, "lz4")
         elif codec == COMPRESSION_ZSTD:
             out = _zstd_frames(bytes(data), limit)
         else:
@@ -274,29 +274,17 @@ def decompress(codec: int, data: bytes | memoryview, limit: int = DECOMPRESSED_M
     return out
 
 
-def _inflate(data: bytes, limit: int) -> bytes:
-    """gzip, member after member (Java writes one; concatenations are legal)."""
+def _streams(data: bytes, limit: int, decompressor: Callable[[], Any], codec: str) -> bytes:
+    """Compressed streams one after another (gzip members, lz4 frames: Java writes one, and
+    concatenations are legal), decompressed until they end or pass ``limit`` bytes in all."""
     out = bytearray()
     while data and len(out) <= limit:
-        d = zlib.decompressobj(wbits=47)
+        d = decompressor()
         out += d.decompress(data, limit + 1 - len(out))
-        if not d.eof:
-            if d.unconsumed_tail and len(out) > limit:
-                break
-            raise InvalidBatch("truncated gzip records")
-        data = d.unused_data
-    return bytes(out)
-
-
-def _lz4_frames(data: bytes, limit: int) -> bytes:
-    out = bytearray()
-    while data and len(out) <= limit:
-        d = lz4.frame.LZ4FrameDecompressor()
-        out += d.decompress(data, max_length=limit + 1 - len(out))
         if not d.eof:
             if len(out) > limit:
                 break
-            raise InvalidBatch("truncated lz4 records")
+            raise InvalidBatch(f"truncated {codec} records")
         data = d.unused_data
     return bytes(out)
 

@@ -167,6 +167,8 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     rules = _RecordRules.of(topic, log_append)
     durable = acks == -1
     short_isr = _short_isr(ctx, topic) if durable else None
+    # The broker's clock, once per request, only for LogAppendTime and timestamp bounds.
+    now_ms = int(broker.reactor.seconds() * 1000) if log_append or rules is not None else -1
     metric = broker.metrics.kafka_bytes_in
     out: list[Deferred] = []
     for p in partitions:
@@ -179,7 +181,6 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                                 short_isr % f"{topic.name}-{index}")))
             continue
         blob = p.records
-        now_ms = int(broker.reactor.seconds() * 1000)
         try:
             _check(blob, limit, version)
             if rules is not None:
@@ -188,11 +189,11 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             out.append(succeed((index, exc.code, -1, -1, -1, exc.message)))
             continue
         channel = channel_for(topic.name, index)
-        append_ms = now_ms if log_append else -1
         data = _log_append_time(blob, now_ms) if log_append else blob
         d = store.append_batch(channel, data, durable=durable)
         metric.labels(topic.name).inc(len(blob))
-        d.addCallbacks(_appended, _append_failed, callbackArgs=(index, channel, store, append_ms),
+        d.addCallbacks(_appended, _append_failed,
+                       callbackArgs=(index, channel, store, now_ms if log_append else -1),
                        errbackArgs=(index, channel))
         out.append(d)
     return gatherResults(out, consumeErrors=True)

@@ -270,10 +270,10 @@ class TopicCatalog:
         self.max_partitions = max_partitions
         self._cache: dict[str, tuple[bytes, Topic]] = {}
         self.default_partitions = default_partitions
-        self._grown_listeners: list[Callable[[Topic], None]] = []
+        self._grown_listeners: list[Callable[[Topic], Any]] = []
         self._deleted_listeners: list[Callable[[Topic], Deferred | None]] = []
 
-    def on_partitions_added(self, listener: Callable[[Topic], None]) -> None:
+    def on_partitions_added(self, listener: Callable[[Topic], Any]) -> None:
         """Call ``listener(topic)`` after a durable partition-count increase.
 
         For the group coordinator: the seed wants every group subscribed to the topic
@@ -287,26 +287,21 @@ class TopicCatalog:
         too). Listener failures are logged and do not fail the request."""
         self._deleted_listeners.append(listener)
 
-    def _deleted(self, topic: Topic) -> Deferred:
+    @staticmethod
+    def _notify(listeners: list[Callable[[Topic], Any]], topic: Topic, what: str) -> Deferred:
+        """Call each listener; fires with ``topic`` once the Deferreds they return have.
+        A listener's failure is logged and never fails the request."""
         waits = []
-        for listener in self._deleted_listeners:
+        for listener in listeners:
             try:
                 d = listener(topic)
             except Exception:
-                _log.failure("topic-deleted listener failed for {topic}", topic=topic.name)
+                _log.failure("{what} listener failed for {topic}", what=what, topic=topic.name)
                 continue
-            if d is not None:
+            if isinstance(d, Deferred):
                 waits.append(d.addErrback(lambda f: _log.failure(
-                    "topic-deleted listener failed for {topic}", f, topic=topic.name)))
+                    "{what} listener failed for {topic}", f, what=what, topic=topic.name)))
         return gatherResults(waits).addCallback(lambda _r: topic)
-
-    def _grown(self, topic: Topic) -> Topic:
-        for listener in self._grown_listeners:
-            try:
-                listener(topic)
-            except Exception:
-                _log.failure("partitions-added listener failed for {topic}", topic=topic.name)
-        return topic
 
     # --- lookups ----------------------------------------------------------------------
 
@@ -428,7 +423,8 @@ class TopicCatalog:
                  for p in range(topic.partitions, count)]
         d = self._store.propose(c.Batch(tuple(cmds)))
         d.addErrback(_conflict_as, _CHANGED)
-        return d.addCallback(lambda _r: self._grown(grown))
+        return d.addCallback(lambda _r: self._notify(self._grown_listeners, grown,
+                                                   "partitions-added"))
 
     def set_configs(
         self, name: str, configs: Mapping[str, str | None], *, replace: bool,
@@ -465,7 +461,8 @@ class TopicCatalog:
         self._cache.pop(name, None)
         d = self._store.propose(c.Batch(tuple(cmds)))
         d.addErrback(_conflict_as, _CHANGED)
-        return d.addCallback(lambda _r: self._deleted(topic))
+        return d.addCallback(lambda _r: self._notify(self._deleted_listeners, topic,
+                                                   "topic-deleted"))
 
     def _raw(self, name: str) -> bytes | None:
         return self._store.keyed_get(CONFIG_FAMILY, _KEY_PREFIX + name.encode())

@@ -439,17 +439,23 @@ def test_one_member_writes_appends_through_and_its_raft_log_holds_them_elided(tm
     assert values(store, "kafka.e") == [b"x0" * 1000, b"x1" * 1000, b"x2" * 1000]
 
 
-def test_one_member_crash_after_the_raft_write_but_before_the_checkpoint(tmp_path):
-    """The ELIDED entries are durable, the checkpoint is not: recovery cuts the segment back
-    and the replayed ELIDED entries apply as nothing. They were never answered."""
-    clock = Clock()
-    clock.advance(1_700_000_000)
+def _solo_with_one_record(tmp_path, clock):
+    """A one-member store whose channel ``kafka.e`` holds b"kept" at Sequence 1, acknowledged."""
     io = _HeldIO()
     store = _solo_with_channel(tmp_path, clock, io)
     acked: list = []
     store.append_batch("kafka.e", batch(b"kept")).addBoth(acked.append)
     _settle(clock, io)
     assert acked[0].first_sequence == 1
+    return store
+
+
+def test_one_member_crash_after_the_raft_write_but_before_the_checkpoint(tmp_path):
+    """The ELIDED entries are durable, the checkpoint is not: recovery cuts the segment back
+    and the replayed ELIDED entries apply as nothing. They were never answered."""
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    store = _solo_with_one_record(tmp_path, clock)
     store.proposer.write_through = lambda: Deferred()  # the flush never returns
     lost: list = []
     store.append_batch("kafka.e", batch(b"lost")).addBoth(lost.append)
@@ -475,12 +481,7 @@ def test_one_member_crash_after_the_checkpoint_but_before_the_raft_write(tmp_pat
     stay, and later appends continue after them, across further restarts."""
     clock = Clock()
     clock.advance(1_700_000_000)
-    io = _HeldIO()
-    store = _solo_with_channel(tmp_path, clock, io)
-    acked: list = []
-    store.append_batch("kafka.e", batch(b"kept")).addBoth(acked.append)
-    _settle(clock, io)
-    assert acked[0].first_sequence == 1
+    store = _solo_with_one_record(tmp_path, clock)
     answered: list = []
     storage = store.proposer.storage
     storage.save = lambda rd, sync_entries=True: None  # its unsynced write is lost
