@@ -35,6 +35,7 @@ from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
 from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
+from kmqkafka.net.sendmsg import write_parts
 
 MAX_IN_FLIGHT = 64
 RESUME_IN_FLIGHT = 16
@@ -313,15 +314,11 @@ class KafkaProtocol(Protocol):
             self._fire_drained()
 
     def _write(self, parts: list[Any]) -> None:
-        """Hand encoded pieces to the transport as one ``bytes``: the only copy they get.
-
-        Twisted joins its list of pending writes into one ``bytes`` before sending, except
-        when that list holds exactly one ``bytes``; joining here (pieces may be memoryviews
-        over pread buffers) replaces that copy instead of adding one.
-        """
-        data = parts[0] if len(parts) == 1 and type(parts[0]) is bytes else b"".join(parts)
+        """Hand encoded pieces to the transport: a large response (stored batches as views
+        over pread buffers) goes to the socket uncopied when it takes it at once, anything
+        else is joined into one ``bytes`` (Twisted would join its queue anyway)."""
         self.last_active = self.factory.reactor.seconds()
-        self.transport.write(data)
+        write_parts(self.transport, parts, sum(len(p) for p in parts))
 
     @staticmethod
     def _encode(correlation_id: int, response: Any, header_version: int) -> list[Any]:

@@ -36,10 +36,11 @@ class EntryKind(enum.IntEnum):
 
 
 class Gather:
-    """Entry data kept as the pieces it is made of (zero copy), for a node whose entries
-    never cross the wire (a one-member cluster): ``DiskStorage`` writes the pieces with one
-    ``pwritev`` and CRCs them in turn, so the log record is byte-identical to one written from
-    ``bytes(gather)``; after a restart the entry is read back as plain bytes.
+    """Entry data kept as the pieces it is made of (zero copy), for the node that proposed
+    it: ``DiskStorage`` writes the pieces with one ``pwritev`` and CRCs them in turn, so the
+    log record is byte-identical to one written from ``bytes(gather)``, and an Append to a
+    follower carries them as they are (``encode_parts``); after a restart, or on any other
+    node, the entry is plain bytes.
 
     ``payload`` is an opaque object the proposing application may attach (e.g. the commands
     the bytes encode, so applying its own entry needs no decode)."""
@@ -313,7 +314,8 @@ class DecodeError(ValueError):
 
 
 def encode_parts(message: Message) -> list[bytes]:
-    """``encode(message)`` as a list of ``bytes`` pieces whose concatenation is the frame.
+    """``encode(message)`` as a list of pieces (bytes, or the views and ``Gather`` parts entry
+    data is made of) whose concatenation is the frame.
 
     Entry, context and snapshot data are referenced, never copied (a transport hands the
     pieces to ``writeSequence``), so encoding an Append for several followers costs only its
@@ -370,14 +372,15 @@ def _append_parts(m: "Append") -> list[bytes]:
     pack = _ENTRY_HEAD.pack
     for e in entries:
         data = e.data
-        if type(data) is not bytes:
-            data = bytes(data)
         size = len(data)
         if size <= 64:
-            head += pack(e.index, e.term, e.kind, size) + data
+            head += pack(e.index, e.term, e.kind, size) + bytes(data)
         else:
             parts.append(head + pack(e.index, e.term, e.kind, size))
-            parts.append(data)
+            if type(data) is Gather:
+                parts.extend(data.parts)    # a leader's own entry: its pieces, never joined
+            else:
+                parts.append(data)          # bytes, or a view a follower kept (see decode)
             head = b""
     parts.append(head + _U64.pack(m.commit))
     return parts
@@ -411,9 +414,15 @@ class _Reader:
 _ENTRY_KINDS = {k.value: k for k in EntryKind}
 
 
-def _decode_append(data: memoryview, frm: int, to: int, term: int) -> "Append":
-    """The Append fast path: one copy of each entry's data (into its own ``bytes``), and no
-    reference into ``data`` kept past the call."""
+SHARE_MIN = 16 * 1024
+"""With ``decode(share=True)``, entry data at least this large stays a view of the frame."""
+
+
+def _decode_append(data: memoryview, frm: int, to: int, term: int,
+                   share: bool) -> "Append":
+    """The Append fast path: each entry's data copied into its own ``bytes`` (no reference
+    into ``data`` kept past the call), or with ``share`` a large one kept as a read-only
+    view of ``data`` (no copy)."""
     end = len(data)
     if end < _APPEND_HEAD.size + 12:
         raise DecodeError("truncated message")
@@ -435,7 +444,9 @@ def _decode_append(data: memoryview, frm: int, to: int, term: int) -> "Append":
         kind = kinds.get(ekind)
         if kind is None:
             raise DecodeError(f"{ekind} is not a valid EntryKind")
-        entries.append(Entry(index, eterm, kind, bytes(data[pos:pos + size])))
+        chunk = data[pos:pos + size]
+        entries.append(Entry(index, eterm, kind,
+                             chunk if share and size >= SHARE_MIN else bytes(chunk)))
         pos += size
     if pos + 8 > end:
         raise DecodeError("truncated message")
@@ -445,15 +456,17 @@ def _decode_append(data: memoryview, frm: int, to: int, term: int) -> "Append":
     return Append(frm, to, term, prev_index, prev_term, tuple(entries), commit)
 
 
-def decode(data: bytes | bytearray | memoryview) -> Message:
+def decode(data: bytes | bytearray | memoryview, share: bool = False) -> Message:
     """Parse one frame produced by ``encode``; raises ``DecodeError`` on malformed input.
 
-    ``data`` may be a view into a caller's buffer: the message keeps no reference into it."""
+    ``data`` may be a view into a caller's buffer: the message keeps no reference into it,
+    unless ``share`` says that buffer is immutable ``bytes`` that may be kept alive: then an
+    Append's large entries are views of it rather than copies."""
     if len(data) >= _HEAD.size and data[1] == MsgType.APPEND and data[0] == _VERSION:
         _v, _t, frm, to, term = _HEAD.unpack_from(data)
         view = memoryview(data)
         try:
-            return _decode_append(view, frm, to, term)
+            return _decode_append(view, frm, to, term, share and type(view.obj) is bytes)
         finally:
             view.release()
     r = _Reader(data)

@@ -535,8 +535,9 @@ class RaftProposer:
     def _propose_one(self, p: _Pending) -> None:
         assert self.driver is not None
         node = self.driver.node
-        data = (Gather(p.data, p.command) if p.command is not None and self._solo
-                else _wire(p))
+        # A local command stays in its pieces: the log write, each follower's send and our
+        # own apply (from the command, no decode) all use them without joining them.
+        data = Gather(p.data, p.command) if p.command is not None else _wire(p)
         try:
             index = node.propose(data)
         except ProposalDropped:

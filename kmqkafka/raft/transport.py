@@ -50,6 +50,7 @@ from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
 
 from kmqkafka.net.protocol import _tune_socket
+from kmqkafka.net.sendmsg import write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
 from kmqkafka.raft.messages import DecodeError, Message, Snapshot, decode, encode_parts
 
@@ -71,8 +72,9 @@ class _Link(protocol.Protocol):
         self.owner = owner
         self.outgoing = outgoing
         self.peer = peer
-        self._buf = bytearray()
-        self._pos = 0
+        self._held: list[Any] = []   # the start of an incomplete frame, as received
+        self._held_len = 0
+        self._need = 0               # bytes held before parsing can go on
         self._raw_left = 0           # bytes of a SNAPSHOT_TAR body still to come
         self._raw_sink: Any = None
         self.on_tar: Any = None      # fetch links: callbacks for the tar body
@@ -96,42 +98,41 @@ class _Link(protocol.Protocol):
     def send(self, kind: int, payload: bytes = b"") -> None:
         self.transport.write(_HEAD.pack(len(payload) + 1, kind) + payload)
 
-    def send_parts(self, kind: int, parts: list[bytes]) -> None:
-        """One frame from ``bytes`` pieces, handed to ``writeSequence`` without joining them
-        (large pieces such as entry data are never copied here)."""
+    def send_parts(self, kind: int, parts: list[Any]) -> None:
+        """One frame from pieces (bytes or views); large pieces such as entry data go to the
+        socket uncopied when it takes them at once (``write_parts``)."""
         size = 1
         for part in parts:
             size += len(part)
         head = _HEAD.pack(size, kind)
         if len(parts) == 1:
-            self.transport.write(head + parts[0])
+            self.transport.write(head + bytes(parts[0]))
         else:
-            self.transport.writeSequence([head + parts[0], *parts[1:]])
+            write_parts(self.transport, [head + bytes(parts[0]), *parts[1:]], size + 4)
 
     def dataReceived(self, data: bytes) -> None:
+        """Parse frames out of immutable ``bytes`` only (the chunk itself, or the held pieces
+        joined once a frame is complete), so a decoder may keep views of large entry data
+        instead of copying it (see ``messages.decode(share=True)``)."""
         if self._raw_left:
             data = self._raw(data)
             if not data:
                 return
-        buf = self._buf
-        pos = self._pos
-        if pos >= len(buf):
-            src: Any = data      # nothing buffered: parse straight from the chunk, no copy
-            pos = 0
-        else:
-            try:
-                buf += data
-            except BufferError:  # a view of an old frame is still alive somewhere
-                buf = self._buf = buf[pos:] + data
-                pos = 0
-            src = buf
-        end = len(src)
-        view = memoryview(src)
+        if self._held:
+            self._held.append(data)
+            self._held_len += len(data)
+            if self._held_len < self._need:
+                return
+            data = b"".join(self._held)
+            self._held, self._held_len = [], 0
+        end = len(data)
+        pos = 0
+        view = memoryview(data)
         max_frame = self.owner.max_frame
         frame = self.owner._frame
         try:
             while end - pos >= 5:
-                length, kind = _HEAD.unpack_from(src, pos)
+                length, kind = _HEAD.unpack_from(data, pos)
                 if length < 1 or length > max_frame:
                     log.warn("raft link: bad frame length {n}; closing", n=length)
                     self.transport.loseConnection()
@@ -140,43 +141,27 @@ class _Link(protocol.Protocol):
                 if nxt > end:
                     break
                 if kind == SNAPSHOT_TAR:
-                    raw_left = _U64.unpack(view[pos + 5:nxt])[0]
-                    rest = bytes(view[nxt:])
-                    view.release()
-                    self._buf, self._pos = bytearray(), 0
-                    self._raw_left = raw_left
-                    self._raw_sink = self.on_tar.begin(raw_left) if self.on_tar else None
-                    if raw_left == 0:
+                    self._raw_left = _U64.unpack(view[pos + 5:nxt])[0]
+                    self._raw_sink = self.on_tar.begin(self._raw_left) if self.on_tar else None
+                    if self._raw_left == 0:
                         self._finish_raw()
-                    if rest:
-                        self.dataReceived(rest)
+                    if nxt < end:
+                        self.dataReceived(bytes(view[nxt:]))
                     return
                 try:
-                    # A view into the buffer: decoders copy what they keep (see ``decode``).
                     frame(self, kind, view[pos + 5:nxt])
                 except Exception:
                     log.failure("raft link: bad frame of kind {kind}; closing", kind=kind)
                     self.transport.loseConnection()
                     return
                 pos = nxt
+            if pos < end:
+                # Held as a view (no copy); a frame is complete once _need bytes are held.
+                self._held = [view[pos:]]
+                self._held_len = end - pos
+                self._need = (4 + _HEAD.unpack_from(data, pos)[0]) if end - pos >= 5 else 5
         finally:
             view.release()
-        if src is data:
-            if pos < end:
-                self._buf = bytearray(data[pos:] if pos else data)
-            elif buf:
-                self._buf = bytearray()
-            self._pos = 0
-        elif pos >= end:
-            self._buf, self._pos = bytearray(), 0
-        elif pos > 65536 and pos * 2 > end:
-            try:
-                del buf[:pos]
-            except BufferError:
-                self._buf = buf[pos:]
-            self._pos = 0
-        else:
-            self._pos = pos
 
     def _raw(self, data: bytes) -> bytes:
         take = min(self._raw_left, len(data))
@@ -376,11 +361,11 @@ class RaftTransport:
     # ------------------------------------------------------------------ incoming frames
 
     def _frame(self, link: _Link, kind: int, payload: bytes | memoryview) -> None:
-        """One frame; ``payload`` may be a view into the link's buffer, valid only during the
-        call (anything kept must be copied)."""
+        """One frame; ``payload`` is a view of immutable ``bytes`` (a Raft message may keep
+        views of its large entries); anything else kept must be copied."""
         if kind == RAFT:
             try:
-                message = decode(payload)
+                message = decode(payload, share=True)
             except DecodeError as e:
                 log.warn("raft link: undecodable message: {e}", e=e)
                 return

@@ -1,0 +1,149 @@
+"""Raft link framing without copies: frames parsed from immutable bytes only (large entry data
+kept as views of what arrived), and large writes handed to the socket uncopied with the
+remainder queued in order (``net/sendmsg.py``)."""
+from __future__ import annotations
+
+import random
+import socket
+from types import SimpleNamespace
+
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+from kmqkafka.net.sendmsg import DIRECT_MIN, _after, write_parts
+from kmqkafka.raft.messages import (SHARE_MIN, Append, Entry, EntryKind, Gather, Heartbeat,
+                                    decode, encode)
+from kmqkafka.raft.transport import RAFT, RaftTransport, _HEAD
+
+PEERS = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002)}
+
+
+def _incoming(t: RaftTransport) -> object:
+    reactor = t._reactor
+    link = reactor.tcpServers[0][1].buildProtocol(None)
+    link.makeConnection(StringTransport())
+    return link
+
+
+def _messages(rng: random.Random) -> list:
+    big = [rng.randbytes(SHARE_MIN + rng.randrange(50_000)) for _ in range(3)]
+    return [
+        Heartbeat(frm=2, to=1, term=3, commit=7),
+        Append(frm=2, to=1, term=3, prev_index=4, prev_term=3,
+               entries=(Entry(5, 3, EntryKind.NORMAL, big[0]), Entry(6, 3, EntryKind.NORMAL, b"s"),
+                        Entry(7, 3, EntryKind.NORMAL, big[1])), commit=5),
+        Append(frm=2, to=1, term=3, prev_index=7, prev_term=3,
+               entries=(Entry(8, 3, EntryKind.NORMAL, Gather([b"head", big[2]])),), commit=7),
+        Heartbeat(frm=2, to=1, term=3, commit=8),
+    ]
+
+
+def _frame(m: object) -> bytes:
+    payload = encode(m)
+    return _HEAD.pack(len(payload) + 1, RAFT) + payload
+
+
+def test_frames_split_anywhere_arrive_whole_and_large_entries_are_shared_views():
+    rng = random.Random(7)
+    for trial in range(30):
+        sent = _messages(rng)
+        stream = b"".join(_frame(m) for m in sent)
+        got: list = []
+        t = RaftTransport(1, PEERS[1], PEERS, MemoryReactorClock(), random.Random(0),
+                          run_io=None)
+        t.start(SimpleNamespace(receive=got.append))
+        link = _incoming(t)
+        pos = 0
+        while pos < len(stream):   # chunks of 1 byte up to 100 KB, as TCP may cut them
+            n = rng.choice([1, 2, 5, 7, 4096, 65536, 100_000])
+            link.dataReceived(stream[pos:pos + n])
+            pos += n
+        assert [type(m) for m in got] == [type(m) for m in sent]
+        for m_got, m_sent in zip(got, sent):
+            assert encode(m_got) == encode(m_sent)
+        big = [e for m in got if isinstance(m, Append) for e in m.entries
+               if len(e.data) >= SHARE_MIN]
+        assert big and all(type(e.data) is memoryview and e.data.readonly for e in big)
+        small = [e for m in got if isinstance(m, Append) for e in m.entries
+                 if len(e.data) < SHARE_MIN]
+        assert all(type(e.data) is bytes for e in small)
+
+
+def test_decode_copies_unless_sharing_immutable_bytes():
+    m = _messages(random.Random(1))[1]
+    wire = encode(m)
+    shared = decode(memoryview(wire), share=True)
+    assert type(shared.entries[0].data) is memoryview
+    held = bytearray(wire)  # a mutable buffer may change later: never shared
+    copied = decode(memoryview(held), share=True)
+    assert type(copied.entries[0].data) is bytes
+    held[:] = b"\0" * len(held)
+    assert copied.entries[0].data == m.entries[0].data
+
+
+class _Transport:
+    """The Twisted TCP transport attributes ``write_parts`` looks at, over a real socket."""
+
+    TLS = False
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+        self.connected, self.disconnecting = True, False
+        self._tempDataLen, self.dataBuffer, self.offset = 0, b"", 0
+        self.queued: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        assert type(data) is bytes
+        self.queued.append(data)
+        self._tempDataLen += len(data)
+
+    def loseConnection(self) -> None:
+        self.connected = False
+
+
+def _drain(sock: socket.socket) -> bytes:
+    out = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 20)
+        except BlockingIOError:
+            return bytes(out)
+        if not chunk:
+            return bytes(out)
+        out += chunk
+
+
+def test_write_parts_sends_what_fits_and_queues_the_rest_in_order():
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    a.setblocking(False)
+    b.setblocking(False)
+    tr = _Transport(a)
+    rng = random.Random(3)
+    parts = [b"head", rng.randbytes(3 << 20), memoryview(rng.randbytes(500_000))[7:], b"tail"]
+    whole = b"".join(parts)
+    write_parts(tr, parts, len(whole))
+    direct = _drain(b)
+    assert 0 < len(direct) < len(whole)            # the socket took some, not all
+    assert direct + b"".join(tr.queued) == whole    # the rest queued, once, in order
+    # Something queued now: the next write must go behind it, not to the socket.
+    more = rng.randbytes(DIRECT_MIN * 2)
+    write_parts(tr, [more], len(more))
+    assert _drain(b) == b"" and tr.queued[-1] == more
+    a.close()
+    b.close()
+
+
+def test_small_writes_take_the_ordinary_path():
+    a, b = socket.socketpair()
+    tr = _Transport(a)
+    write_parts(tr, [b"x" * 10, b"y" * 10], 20)
+    assert tr.queued == [b"x" * 10 + b"y" * 10]
+    a.close()
+    b.close()
+
+
+def test_after_drops_exactly_the_sent_bytes():
+    parts = [b"abc", b"defgh", memoryview(b"ijk")]
+    whole = b"".join(parts)
+    for sent in range(len(whole) + 1):
+        assert b"".join(_after(parts, sent)) == whole[sent:]
