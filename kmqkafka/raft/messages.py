@@ -21,7 +21,7 @@ __all__ = [
     "EntryKind",
     "Heartbeat", "HeartbeatResp", "InstallSnapshot", "InstallSnapshotResp", "Message", "MsgType",
     "Gather", "PreVote", "PreVoteResp", "Snapshot", "SnapshotMeta", "TimeoutNow", "Vote",
-    "VoteResp", "decode", "encode", "encode_parts",
+    "VoteResp", "decode", "encode", "encode_parts", "FrameBuffer",
 ]
 
 _VERSION = 1
@@ -66,6 +66,13 @@ class Gather:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class FrameBuffer(bytearray):
+    """One received frame, read straight into a buffer of its own by the transport and never
+    changed after: a decoder may keep views of it as safely as of ``bytes``."""
+
+    __slots__ = ()
 
 
 ELIDED = b"\xf1"
@@ -456,17 +463,21 @@ def _decode_append(data: memoryview, frm: int, to: int, term: int,
     return Append(frm, to, term, prev_index, prev_term, tuple(entries), commit)
 
 
+_IMMUTABLE = (bytes, FrameBuffer)
+
+
 def decode(data: bytes | bytearray | memoryview, share: bool = False) -> Message:
     """Parse one frame produced by ``encode``; raises ``DecodeError`` on malformed input.
 
     ``data`` may be a view into a caller's buffer: the message keeps no reference into it,
-    unless ``share`` says that buffer is immutable ``bytes`` that may be kept alive: then an
-    Append's large entries are views of it rather than copies."""
+    unless ``share`` says that buffer may be kept alive and is immutable (``bytes`` or a
+    ``FrameBuffer``): then an Append's large entries are views of it rather than copies."""
     if len(data) >= _HEAD.size and data[1] == MsgType.APPEND and data[0] == _VERSION:
         _v, _t, frm, to, term = _HEAD.unpack_from(data)
         view = memoryview(data)
         try:
-            return _decode_append(view, frm, to, term, share and type(view.obj) is bytes)
+            return _decode_append(view, frm, to, term,
+                                  share and type(view.obj) in _IMMUTABLE)
         finally:
             view.release()
     r = _Reader(data)

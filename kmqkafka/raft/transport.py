@@ -50,9 +50,11 @@ from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
 
 from kmqkafka.net.protocol import _tune_socket
+from kmqkafka.net import recvinto
 from kmqkafka.net.sendmsg import write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
-from kmqkafka.raft.messages import DecodeError, Message, Snapshot, decode, encode_parts
+from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
+                                    encode_parts)
 
 __all__ = ["RaftTransport"]
 
@@ -63,6 +65,7 @@ _U64 = struct.Struct(">Q")
 _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
 RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
+_FILL_MIN = 256 * 1024  # a frame this long is read into a FrameBuffer of its own (recvinto)
 
 
 class _Link(protocol.Protocol):
@@ -75,6 +78,9 @@ class _Link(protocol.Protocol):
         self._held: list[Any] = []   # the start of an incomplete frame, as received
         self._held_len = 0
         self._need = 0               # bytes held before parsing can go on
+        self._fills = False          # large frames may be read into their own buffers
+        self._fill: FrameBuffer | None = None  # the large frame being read, and how much
+        self._filled = 0
         self._raw_left = 0           # bytes of a SNAPSHOT_TAR body still to come
         self._raw_sink: Any = None
         self.on_tar: Any = None      # fetch links: callbacks for the tar body
@@ -88,6 +94,7 @@ class _Link(protocol.Protocol):
             _tune_socket(self.transport)
         except Exception:  # not a TCP socket (tests, other transports)
             pass
+        self._fills = recvinto.install(self.transport, self._fill_target, self._fill_done)
         self.owner._link_made(self)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
@@ -111,9 +118,6 @@ class _Link(protocol.Protocol):
             write_parts(self.transport, [head + bytes(parts[0]), *parts[1:]], size + 4)
 
     def dataReceived(self, data: bytes) -> None:
-        """Parse frames out of immutable ``bytes`` only (the chunk itself, or the held pieces
-        joined once a frame is complete), so a decoder may keep views of large entry data
-        instead of copying it (see ``messages.decode(share=True)``)."""
         if self._raw_left:
             data = self._raw(data)
             if not data:
@@ -125,6 +129,13 @@ class _Link(protocol.Protocol):
                 return
             data = b"".join(self._held)
             self._held, self._held_len = [], 0
+        self._parse(data)
+
+    def _parse(self, data: bytes | FrameBuffer) -> None:
+        """Parse frames out of immutable buffers only (a chunk as read, the held pieces joined
+        once a frame is complete, or a large frame read into its own ``FrameBuffer``), so a
+        decoder may keep views of large entry data instead of copying it (see
+        ``messages.decode(share=True)``)."""
         end = len(data)
         pos = 0
         view = memoryview(data)
@@ -156,12 +167,27 @@ class _Link(protocol.Protocol):
                     return
                 pos = nxt
             if pos < end:
-                # Held as a view (no copy); a frame is complete once _need bytes are held.
-                self._held = [view[pos:]]
-                self._held_len = end - pos
-                self._need = (4 + _HEAD.unpack_from(data, pos)[0]) if end - pos >= 5 else 5
+                rest = end - pos
+                need = (4 + _HEAD.unpack_from(data, pos)[0]) if rest >= 5 else 5
+                if need >= _FILL_MIN and self._fills:
+                    # The rest of this frame is read straight into its own buffer.
+                    self._fill = FrameBuffer(need)
+                    self._fill[:rest] = view[pos:]
+                    self._filled = rest
+                else:
+                    # Held as a view (no copy); the frame is complete once _need bytes are.
+                    self._held, self._held_len, self._need = [view[pos:]], rest, need
         finally:
             view.release()
+
+    def _fill_target(self) -> memoryview | None:
+        return None if self._fill is None else memoryview(self._fill)[self._filled:]
+
+    def _fill_done(self, n: int) -> None:
+        self._filled += n
+        if self._fill is not None and self._filled == len(self._fill):
+            whole, self._fill = self._fill, None
+            self._parse(whole)
 
     def _raw(self, data: bytes) -> bytes:
         take = min(self._raw_left, len(data))

@@ -147,3 +147,55 @@ def test_after_drops_exactly_the_sent_bytes():
     whole = b"".join(parts)
     for sent in range(len(whole) + 1):
         assert b"".join(_after(parts, sent)) == whole[sent:]
+
+
+class _ReadTransport(StringTransport):
+    """A StringTransport with the socket and ``doRead`` of a plain Twisted TCP transport."""
+
+    TLS = False
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.socket = sock
+        self.plain_reads = 0
+
+    def doRead(self) -> None:
+        self.plain_reads += 1
+        data = self.socket.recv(1 << 20)
+        if data:
+            self.protocol.dataReceived(data)
+
+
+def test_a_large_frame_is_read_into_its_own_buffer_and_its_entries_shared():
+    rng = random.Random(11)
+    sent = _messages(rng)
+    big = Append(frm=2, to=1, term=3, prev_index=8, prev_term=3,
+                 entries=(Entry(9, 3, EntryKind.NORMAL, rng.randbytes(700_000)),), commit=8)
+    sent.append(big)
+    stream = b"".join(_frame(m) for m in sent)
+    got: list = []
+    t = RaftTransport(1, PEERS[1], PEERS, MemoryReactorClock(), random.Random(0), run_io=None)
+    t.start(SimpleNamespace(receive=got.append))
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    link = t._reactor.tcpServers[0][1].buildProtocol(None)
+    tr = _ReadTransport(a)
+    tr.protocol = link
+    link.makeConnection(tr)
+    cut = len(stream) - 650_000           # the last frame's head arrives with the rest
+    link.dataReceived(stream[:cut])
+    assert link._fill is not None and len(got) == len(sent) - 1
+    pos = cut
+    while pos < len(stream):
+        n = b.send(stream[pos:pos + 100_000])
+        pos += n
+        tr.doRead()                       # the installed reader: recv_into the frame
+    assert tr.plain_reads == 0 and link._fill is None
+    assert encode(got[-1]) == encode(big)
+    data = got[-1].entries[0].data
+    assert type(data) is memoryview and type(data.obj).__name__ == "FrameBuffer"
+    b.send(_frame(sent[0]))               # a small frame: the ordinary read again
+    tr.doRead()
+    assert tr.plain_reads == 1 and encode(got[-1]) == encode(sent[0])
+    a.close()
+    b.close()
