@@ -767,6 +767,15 @@ class ConsumerGroupCoordinator:
         return GroupView(group_id, group.state(), group.epoch, group.assignment_epoch,
                          group.assignor, members)
 
+    def subscribed_topics(self, group_id: str) -> set[str] | None:
+        """Topic names the members of consumer group ``group_id`` subscribe to, regexes resolved
+        against existing topics (none for an empty group): OffsetDelete keeps these, as Kafka's
+        ``ConsumerGroup.isSubscribedToTopic``. None when ``group_id`` is not a consumer group."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return None
+        return self._subscribed_names(group) if group.members else set()
+
     def list_groups(self) -> list[tuple[str, str]]:
         """``(group_id, state)`` of every consumer group."""
         return [(g.group_id, g.state()) for g in self.groups.values()]

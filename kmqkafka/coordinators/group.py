@@ -1078,19 +1078,22 @@ class GroupCoordinator:
         """OffsetDelete: fires with (top-level error, {partition: error}).
 
         Partitions of topics the (non-empty) consumer group subscribes to answer
-        GROUP_SUBSCRIBED_TO_TOPIC; a non-empty group of another protocol type answers
-        NON_EMPTY_GROUP; everything else is deleted.
+        GROUP_SUBSCRIBED_TO_TOPIC, for classic and KIP-848 groups alike; a non-empty classic
+        group of another protocol type answers NON_EMPTY_GROUP; everything else is deleted.
         """
         if not valid_group_id(group_id):
             return succeed((ErrorCode.invalid_group_id, {}))
-        group = self.groups.get(group_id)
-        if group is None or group.state is GroupState.DEAD:
-            return succeed((ErrorCode.group_id_not_found, {}))
-        subscribed: set[str] | None = set()
-        if group.state is not GroupState.EMPTY:
-            if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
-                return succeed((ErrorCode.non_empty_group, {}))
-            subscribed = group.subscribed_topics()
+        subscribed: set[str] | None = (None if self.consumer_groups is None
+                                       else self.consumer_groups.subscribed_topics(group_id))
+        if subscribed is None:
+            group = self.groups.get(group_id)
+            if group is None or group.state is GroupState.DEAD:
+                return succeed((ErrorCode.group_id_not_found, {}))
+            subscribed = set()
+            if group.state is not GroupState.EMPTY:
+                if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+                    return succeed((ErrorCode.non_empty_group, {}))
+                subscribed = group.subscribed_topics()
         results: dict[TopicPartition, ErrorCode] = {}
         deletable: list[TopicPartition] = []
         for tp in partitions:

@@ -64,9 +64,10 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
             code = group_error
             if code is ErrorCode.none:
                 code = _partition_error(ctx, topic.name, int(p.partition_index))
-            metadata = p.committed_metadata
-            if code is ErrorCode.none and metadata is not None and (
-                    len(metadata.encode()) > MAX_METADATA_BYTES):
+            # Kafka stores a null metadata as "" (OffsetAndMetadata.NO_METADATA), so
+            # OffsetFetch never answers null for a committed partition.
+            metadata = p.committed_metadata or ""
+            if code is ErrorCode.none and _java_length(metadata) > MAX_METADATA_BYTES:
                 code = ErrorCode.offset_metadata_too_large
             if code is ErrorCode.none:
                 commits.append((topic.name, int(p.partition_index), CommittedOffset(
@@ -91,6 +92,12 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
     d.addCallbacks(lambda _: respond(ErrorCode.none),
                    lambda f: respond(ErrorCode.coordinator_not_available))
     return d
+
+
+def _java_length(text: str) -> int:
+    """``String.length()`` in Java (UTF-16 code units): Kafka bounds commit metadata by it,
+    so 4096 'é' fit although they take 8192 bytes of UTF-8."""
+    return len(text.encode("utf-16-le")) // 2
 
 
 # --- OffsetFetch ------------------------------------------------------------------------
@@ -166,8 +173,9 @@ def _fetched(cls: type, index: int, c: CommittedOffset | None) -> Any:
     if c is None:
         return make(cls, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
                     metadata="", error_code=ErrorCode.none)
+    # "" for commits stored with a null metadata before it was normalised on commit.
     return make(cls, partition_index=index, committed_offset=c.offset,
-                committed_leader_epoch=c.leader_epoch, metadata=c.metadata,
+                committed_leader_epoch=c.leader_epoch, metadata=c.metadata or "",
                 error_code=ErrorCode.none)
 
 
@@ -184,6 +192,7 @@ def offset_delete(request: Any, ctx: RequestContext) -> Deferred:
             wanted.append(tp)
             if _partition_error(ctx, *tp) is not ErrorCode.none:
                 unknown.add(tp)
+    _consumer_groups(ctx)  # loaded, so a KIP-848 group is known as one
     d = coordinator(ctx.broker).delete_offsets(
         request.group_id, [tp for tp in wanted if tp not in unknown])
 

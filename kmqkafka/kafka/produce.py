@@ -7,7 +7,8 @@ no larger than the topic's ``max.message.bytes`` when set, else
 record count (INVALID_RECORD). Every check runs before anything of that partition is appended,
 so a bad partition stores nothing and never fails the other partitions of the request. Records
 are decoded only for topics with record-level rules (``_RecordRules``: compacted topics need
-keys, timestamp bounds); otherwise the only work is the header check and the CRC, and the batch
+keys, timestamp bounds; every refused record is named in ``record_errors``, as Kafka does);
+otherwise the only work is the header check and the CRC, and the batch
 reaches the store as the very ``bytes`` object kio decoded, with no copy. The store stamps the
 partition leader epoch (0) as it writes the batch, as Kafka does. Topics with
 ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit, max
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import datetime
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, gatherResults, succeed
@@ -63,8 +64,30 @@ _UTC = datetime.timezone.utc
 # Store refusals whose message tells the client why (the producer's sequence or epoch).
 _EXPLAINED = frozenset({ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch})
 
-# One partition's answer: (index, error, base offset, log start offset, append time ms, message).
-_Answer = tuple[int, ErrorCode, int, int, int, "str | None"]
+
+class _Answer(NamedTuple):
+    """One partition's answer; ``record_errors`` are (batch index, message) of refused records."""
+
+    index: int
+    error: ErrorCode
+    base_offset: int
+    log_start: int
+    append_time_ms: int
+    message: str | None
+    record_errors: tuple[tuple[int, str], ...] = ()
+
+
+class RejectedRecords(KafkaError):
+    """Kafka's RecordValidationException: records of the batch broke a topic rule.
+
+    ``record_errors`` names every such record by its index in the batch, as Kafka's
+    ``record_errors`` does; clients (kafka-python, the Java producer) fail exactly those records
+    with their own message and the rest as innocent members of a refused batch."""
+
+    def __init__(self, code: ErrorCode, message: str,
+                 record_errors: tuple[tuple[int, str], ...]) -> None:
+        super().__init__(code, message)
+        self.record_errors = record_errors
 
 
 def handle(request: Any, ctx: RequestContext) -> Any:
@@ -181,14 +204,19 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                                 short_isr % f"{topic.name}-{index}")))
             continue
         blob = p.records
+        channel = channel_for(topic.name, index)
         try:
             _check(blob, limit, version)
             if rules is not None:
                 rules.check(blob, now_ms, f"{topic.name}-{index}")
+        except RejectedRecords as exc:
+            # As Kafka, a refusal of records (not of the batch) reports the log start offset.
+            out.append(succeed(_Answer(index, exc.code, -1, _log_start(store, channel), -1,
+                                       exc.message, exc.record_errors)))
+            continue
         except KafkaError as exc:
             out.append(succeed((index, exc.code, -1, -1, -1, exc.message)))
             continue
-        channel = channel_for(topic.name, index)
         data = _log_append_time(blob, now_ms) if log_append else blob
         d = store.append_batch(channel, data, durable=durable)
         metric.labels(topic.name).inc(len(blob))
@@ -218,11 +246,9 @@ class _RecordRules:
         compacted = "compact" in (topic.config_value("cleanup.policy") or "")
         before = after = _UNBOUNDED
         if not log_append:
-            diff = int(topic.config_value("message.timestamp.difference.max.ms") or _UNBOUNDED)
-            before = min(diff, int(topic.config_value("message.timestamp.before.max.ms")
-                                   or _UNBOUNDED))
-            after = min(diff, int(topic.config_value("message.timestamp.after.max.ms")
-                                  or _UNBOUNDED))
+            diff = _timestamp_bound(topic, "message.timestamp.difference.max.ms")
+            before = _timestamp_bound(topic, "message.timestamp.before.max.ms", diff)
+            after = _timestamp_bound(topic, "message.timestamp.after.max.ms", diff)
         if not compacted and before == after == _UNBOUNDED:
             return None
         return cls(compacted, before, after)
@@ -235,26 +261,48 @@ class _RecordRules:
             raise KafkaError(ErrorCode.invalid_record,
                              f"{count} records in one batch; a topic whose records the broker "
                              f"checks takes at most {MAX_CHECKED_RECORDS} per batch")
+        refused: list[tuple[int, str]] = []
+        late = False
         try:
             for i, record in enumerate(records.iter_records(blob)):
-                if self.compacted and record.key is None:
-                    raise KafkaError(ErrorCode.invalid_record,
-                                     "Compacted topic cannot accept message without key in "
-                                     f"topic partition {partition}.")
-                ts = record.timestamp
-                if ts != records.NO_TIMESTAMP and (now_ms - ts > self.before_ms
-                                                   or ts - now_ms > self.after_ms):
-                    raise KafkaError(
-                        ErrorCode.invalid_timestamp,
-                        f"Timestamp {ts} of message with offset {i} is out of range. The "
-                        f"timestamp should be within [{now_ms - self.before_ms}, "
-                        f"{now_ms + self.after_ms}]")
+                problem = self._problem(record, i, now_ms, partition)
+                if problem is not None:
+                    late = late or problem[0] is ErrorCode.invalid_timestamp
+                    refused.append((i, problem[1]))
         except records.InvalidBatch as exc:
             raise KafkaError(error_code_for(exc), str(exc)) from None
+        if refused:
+            # Kafka checks every record and, if any timestamp is out of bounds, answers
+            # INVALID_TIMESTAMP for the batch (LogValidator.processRecordErrors).
+            code = ErrorCode.invalid_timestamp if late else ErrorCode.invalid_record
+            raise RejectedRecords(code, refused[0][1], tuple(refused))
+
+    def _problem(self, record: Any, i: int, now_ms: int,
+                 partition: str) -> tuple[ErrorCode, str] | None:
+        """The first rule record ``i`` breaks (its key before its timestamp, as Kafka)."""
+        if self.compacted and record.key is None:
+            return (ErrorCode.invalid_record, "Compacted topic cannot accept message without "
+                    f"key in topic partition {partition}.")
+        ts = record.timestamp
+        if ts != records.NO_TIMESTAMP and (now_ms - ts > self.before_ms
+                                           or ts - now_ms > self.after_ms):
+            return (ErrorCode.invalid_timestamp,
+                    f"Timestamp {ts} of message with offset {i} is out of range. The "
+                    f"timestamp should be within [{now_ms - self.before_ms}, "
+                    f"{now_ms + self.after_ms}]")
+        return None
 
 
 _UNBOUNDED = 2**63 - 1
 MAX_CHECKED_RECORDS = 200_000
+
+
+def _timestamp_bound(topic: Topic, name: str, unset: int = _UNBOUNDED) -> int:
+    """A timestamp bound of the topic; ``unset`` while it has its default (unbounded). As in
+    Kafka's LogConfig, an explicit before/after bound wins over the deprecated
+    ``message.timestamp.difference.max.ms``, which only stands in for a bound left unset."""
+    value = int(topic.config_value(name) or _UNBOUNDED)
+    return unset if value == _UNBOUNDED else value
 
 
 def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
@@ -326,6 +374,14 @@ def _log_append_time(blob: bytes, now_ms: int) -> bytes:
     return bytes(buf)
 
 
+def _log_start(store: Any, channel: str) -> int:
+    """The partition's log start offset, -1 if the store cannot say."""
+    try:
+        return store.bounds(channel).log_start - 1
+    except Exception:
+        return -1
+
+
 def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:
     b = store.bounds(channel)
     if result.duplicate:
@@ -350,20 +406,26 @@ def _respond(per_topic: list[list[_Answer]], keys: list[Any], ctx: RequestContex
     uses_ids = ctx.api_version >= 13
     part_cls = t.PartitionProduceResponse
     topic_cls = t.TopicProduceResponse
+    error_cls = getattr(t, "BatchIndexAndErrorMessage", None)  # v8+
     out = []
     for key, answers in zip(keys, per_topic):
-        parts = tuple(
-            make(part_cls, index=index, error_code=code, base_offset=base,
-                 log_append_time=(None if ts < 0 else
-                                  datetime.datetime.fromtimestamp(ts / 1000, _UTC)),
-                 log_start_offset=start, record_errors=(), error_message=message)
-            for index, code, base, start, ts, message in answers
-        )
+        parts = tuple(_partition_response(part_cls, error_cls, _Answer(*a)) for a in answers)
         if uses_ids:
             out.append(topic_cls(topic_id=key, partition_responses=parts))
         else:
             out.append(topic_cls(name=key, partition_responses=parts))
     return make(ctx.response_type, responses=tuple(out), throttle_time=NO_THROTTLE)
+
+
+def _partition_response(part_cls: type, error_cls: type | None, a: _Answer) -> Any:
+    """One PartitionProduceResponse; record errors exist from v8 (``error_cls`` None before)."""
+    errors = () if error_cls is None else tuple(
+        make(error_cls, batch_index=i, batch_index_error_message=m) for i, m in a.record_errors)
+    append_time = (None if a.append_time_ms < 0 else
+                   datetime.datetime.fromtimestamp(a.append_time_ms / 1000, _UTC))
+    return make(part_cls, index=a.index, error_code=a.error, base_offset=a.base_offset,
+                log_append_time=append_time, log_start_offset=a.log_start,
+                record_errors=errors, error_message=a.message)
 
 
 def register(dispatcher: Dispatcher) -> None:
