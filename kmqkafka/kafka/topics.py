@@ -240,7 +240,19 @@ def _all_log_changes(configs: Mapping[str, str]) -> dict[str, Any]:
     """
     validate_configs(configs)
     merged = {name: configs.get(name, default) for name, default in TOPIC_CONFIG_DEFAULTS.items()}
-    return validate_configs(merged)
+    changes = validate_configs(merged)
+    _check_compaction_lags(merged)
+    return changes
+
+
+def _check_compaction_lags(merged: Mapping[str, str | None]) -> None:
+    """Kafka's one cross-config rule (LogConfig.validateValues), on the full set."""
+    least = int(str(merged["min.compaction.lag.ms"]).strip())
+    most = int(str(merged["max.compaction.lag.ms"]).strip())
+    if least > most:
+        raise KafkaError(ErrorCode.invalid_config,
+                         f"conflict topic config setting min.compaction.lag.ms ({least}) > "
+                         f"max.compaction.lag.ms ({most})")
 
 
 def partition_budget(max_connections: int) -> int:

@@ -12,6 +12,7 @@ On-disk layout under ``data_dir``::
 
     channels/{dir_name(channel)}/kind        "events" or "queue"
     channels/{dir_name(channel)}/config.json LogConfig
+    channels/{dir_name(channel)}/name        the channel name, when dir_name shortened it
     channels/{dir_name(channel)}/...         the ChannelLog / QueueChannel files
     coordinator/                             KeyedLog families (_kafka.{family}.{gen})
     applied-index                            replicated mode only: see store/checkpoint.py
@@ -42,12 +43,13 @@ from kmqkafka.store.errors import ChannelExists, ChannelNotFound, KeyConflict, S
 from kmqkafka.store.fsutil import fsync_dir, write_atomic
 from kmqkafka.store.keyed import RESERVED_FAMILIES, KeyedLog
 from kmqkafka.store.log import ChannelLog
-from kmqkafka.store.names import check_channel_name, dir_name, from_dir_name
+from kmqkafka.store.names import check_channel_name, dir_name, from_dir_name, is_shortened
 from kmqkafka.store.producer_state import WINDOW as PRODUCER_WINDOW
 from kmqkafka.store.queue import QueueChannel
 
 log = Logger()
 
+NAME_FILE = "name"
 KIND_EVENTS = "events"
 KIND_QUEUE = "queue"
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch header
@@ -132,8 +134,10 @@ class StateMachine:
                 # A create that crashed before its catalog entry was durable.
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            name = from_dir_name(entry)
-            kind = kind_file.read_text().strip()
+            name = self._channel_of(path)
+            if dir_name(name) != entry:
+                path = self._rename_dir(path, name)
+            kind = (path / "kind").read_text().strip()
             if ckpt is not None and kind == KIND_EVENTS:
                 upto = ckpt.channels.get(name)
                 if upto is None:
@@ -166,6 +170,23 @@ class StateMachine:
         if self.journal is not None:
             self._touched.clear()
             self.journal.reset(self.last_applied, self._channel_ends())
+
+    def _channel_of(self, path: Path) -> str:
+        """The channel a directory holds (a shortened name records it in a file)."""
+        if is_shortened(path.name):
+            return (path / NAME_FILE).read_text()
+        return from_dir_name(path.name)
+
+    def _rename_dir(self, path: Path, name: str) -> Path:
+        """Move a channel directory to today's ``dir_name`` (one written when names up to
+        NAME_MAX were kept whole, which left no room to delete it)."""
+        final = self.channels_dir / dir_name(name)
+        if is_shortened(final.name):
+            write_atomic(path / NAME_FILE, name.encode())
+        os.rename(path, final)
+        fsync_dir(self.channels_dir)
+        log.info("channel {channel}: directory renamed to {dir}", channel=name, dir=final.name)
+        return final
 
     def _open_channel(self, name: str, kind: str, now_ms: int) -> None:
         path = self.channels_dir / dir_name(name)
@@ -290,6 +311,8 @@ class StateMachine:
         if final.exists():
             shutil.rmtree(final)
         final.mkdir(parents=True)
+        if is_shortened(final.name):
+            write_atomic(final / NAME_FILE, cmd.name.encode())
         write_atomic(final / "config.json", config.to_json())
         # The kind file is written last: its presence is what makes the channel exist.
         write_atomic(final / "kind", cmd.kind.encode())

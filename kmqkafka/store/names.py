@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from urllib.parse import quote, unquote
 
@@ -48,10 +49,32 @@ def check_channel_name(name: str) -> None:
         raise InvalidChannelName(f"invalid channel name {name!r}")
 
 
+DIR_NAME_MAX = 200
+"""Longest channel directory name, in bytes: NAME_MAX (255) less room for the suffixes a
+directory takes on its way in or out (``.deleted-<index>``). A channel name may be 512
+characters and a Kafka partition's ``kafka.T~p`` 260, so longer names are shortened."""
+
+_SAFE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._~-"
+_HASHED = "#"  # never in a quoted name (quote turns it into %23)
+
+
 def dir_name(name: str) -> str:
-    """File-system-safe directory name for a channel (reversible)."""
-    return quote(name, safe="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._~-")
+    """File-system-safe directory name for a channel: the quoted name (reversible, see
+    ``from_dir_name``), or, when that exceeds ``DIR_NAME_MAX``, its head, ``#`` and a digest
+    of the whole name; such a directory records the name in its ``name`` file."""
+    encoded = quote(name, safe=_SAFE)
+    if len(encoded) <= DIR_NAME_MAX:
+        return encoded
+    digest = hashlib.sha256(name.encode()).hexdigest()[:32]
+    return f"{encoded[:DIR_NAME_MAX - len(digest) - 1]}{_HASHED}{digest}"
+
+
+def is_shortened(encoded: str) -> bool:
+    """True for a ``dir_name`` that cannot be reversed (the channel name is in its ``name``
+    file)."""
+    return _HASHED in encoded
 
 
 def from_dir_name(encoded: str) -> str:
+    """The channel name of a directory that is not ``is_shortened``."""
     return unquote(encoded)

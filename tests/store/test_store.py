@@ -270,3 +270,47 @@ def test_a_failed_background_round_does_not_stop_the_task(tmp_path, clock):
     for _ in range(3):
         clock.advance(1)
     assert len(rounds) == 3
+
+
+def test_channel_names_past_name_max_get_shortened_directories(tmp_path, clock):
+    """A channel name may be 512 characters; a directory name at most 255 bytes, less room
+    for ``.deleted-N``. Long names get a shortened directory that records the name, and live
+    through a restart and a delete."""
+    from kmqkafka.store.names import DIR_NAME_MAX, dir_name, is_shortened
+
+    long_name = "kafka." + "t" * 249 + "~13"
+    native = "n" * 300 + "%/é"[0]
+    store = open_store(tmp_path, clock)
+    for name in (long_name, native):
+        result_of(store.create_channel(name), clock)
+        result_of(store.append_batch(name, batch(2)), clock)
+    dirs = sorted(p.name for p in (tmp_path / "data" / "channels").iterdir())
+    assert all(len(d.encode()) <= DIR_NAME_MAX for d in dirs)
+    assert dir_name(long_name) in dirs and is_shortened(dir_name(long_name))
+    result_of(store.stop(), clock)
+    again = open_store(tmp_path, clock)
+    assert again.bounds(long_name).high_watermark == 3
+    assert again.bounds(native).high_watermark == 3
+    result_of(again.delete_channel(long_name), clock)
+    result_of(again.append_batch(native, batch(1)), clock)  # the store still takes writes
+    with pytest.raises(ChannelNotFound):
+        again.bounds(long_name)
+
+
+def test_a_directory_named_whole_by_an_older_version_is_renamed_on_start(tmp_path, clock):
+    """Before shortening, names up to NAME_MAX were kept whole (and could not be deleted):
+    such a directory moves to today's name at start-up, with its data."""
+    from kmqkafka.store.names import dir_name
+
+    name = "kafka." + "o" * 240
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel(name), clock)
+    result_of(store.append_batch(name, batch(3)), clock)
+    result_of(store.stop(), clock)
+    channels = tmp_path / "data" / "channels"
+    (channels / dir_name(name)).rename(channels / name)   # the old layout
+    (channels / name / "name").unlink()
+    again = open_store(tmp_path, clock)
+    assert (channels / dir_name(name)).is_dir() and not (channels / name).exists()
+    assert again.bounds(name).high_watermark == 4
+    result_of(again.delete_channel(name), clock)
