@@ -723,6 +723,12 @@ class RaftNode:
             return True
         if pr.flow is _Flow.SNAPSHOT or pr.next - 1 != m.reject_index:
             return False
+        if m.hint_index < pr.match:
+            # The answer to our one probe says the follower holds less than it acknowledged:
+            # its log was lost (a wiped data dir under the same id). Forget the match, or we
+            # would probe at it forever; a stale answer only costs a resend, since the commit
+            # index never moves back.
+            pr.match = m.hint_index
         pr.next = max(pr.match + 1, self._probe_from(m))
         pr.probe_sent = False
         return True

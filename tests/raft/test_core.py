@@ -289,6 +289,37 @@ def test_a_lagging_follower_receives_a_snapshot() -> None:
     assert any(isinstance(m, InstallSnapshot) and m.to == 3 for m in c.sent)
 
 
+@pytest.mark.parametrize("compacted", [False, True])
+def test_a_follower_whose_log_was_wiped_is_caught_up_by_the_same_leader(compacted: bool) -> None:
+    """A node restarted with an empty data dir under its old id: the leader's progress still
+    says it holds everything. The leader used to probe at that match forever (until another
+    leader took over); now the probe's answer lowers the match and the follower is sent the
+    log again, or the snapshot once the log is compacted."""
+    c = Cluster()
+    leader = c.elect(1)
+    for n in range(10):
+        leader.propose(b"%d" % n)
+    c.tick(2)
+    assert c.nodes[3].applied_index == leader.applied_index == 11
+    if compacted:
+        snap = leader.compact(leader.applied_index, b"state@%d" % leader.applied_index)
+        c.storage[1].compact(snap)
+    c.crash(3)
+    c.storage[3] = MemoryStorage()          # the data dir is gone
+    c.restart(3)
+    c.nodes[3] = c.start(3, c.ids)
+    for n in range(3):
+        leader.propose(b"after-%d" % n)
+        c.tick(3)
+    assert c.leaders() == [1] and leader.term == c.nodes[3].term
+    assert c.nodes[3].applied_index == leader.applied_index == 14
+    if compacted:
+        assert c.applied[3][0].data == b"state@11"
+        assert c.data(3)[-3:] == [b"after-0", b"after-1", b"after-2"]
+    else:
+        assert c.data(3) == c.data(1)
+
+
 def test_a_single_node_cluster_elects_itself_on_the_first_tick_and_commits_at_once() -> None:
     c = Cluster(1)
     node = c.nodes[1]

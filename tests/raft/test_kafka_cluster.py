@@ -524,3 +524,26 @@ def test_deleting_a_topic_through_a_follower_drops_its_committed_offsets(cluster
         return [tp.offset for tp in f.result(10).topic_partitions]
 
     assert wait_for(lambda: committed() == [-1001], what="offsets dropped")
+
+
+def test_a_node_restarted_with_an_empty_data_dir_is_caught_up_by_the_same_leader(
+        cluster: Cluster):
+    """A follower whose data dir was lost comes back under its old id: the leader still
+    counted it as holding everything and used to probe it at that point forever (it served
+    no topics until another leader took over). Now it is sent the log again, or a snapshot,
+    and serves every record at the same offsets without a change of leader."""
+    import shutil
+
+    topic = "wiped"
+    values = [b"w%d" % i for i in range(300)]
+    assert produce_confluent(cluster.all(), topic, values[:200]) == list(range(200))
+    leader = cluster.leader()
+    victim = cluster.follower()
+    b = cluster.brokers[victim]
+    b.kill()
+    shutil.rmtree(b.data_dir)
+    b.restart()
+    assert produce_confluent(cluster.bootstrap(leader), topic, values[200:]) == list(
+        range(200, 300))
+    assert fetch_all(cluster.kafka_ports[victim], topic, 300) == list(enumerate(values))
+    assert cluster.leader() == leader
