@@ -138,13 +138,20 @@ def leader(broker: Broker) -> int | None:
 
 
 def controller(broker: Broker) -> int:
-    """The controller id clients are given: the Raft leader, or, while none is known (an
-    election), this node, which forwards admin commands to whichever leader comes. Clients
-    wait for a controller before any admin call, and librdkafka stops asking again after a
-    few answers of -1 until its request times out (as KRaft brokers do, any broker may be
-    named)."""
+    """The controller id clients are given: the Raft leader while this node's own link to it
+    is up; otherwise (an election, or a leader just killed that is still the known leader
+    for an election timeout) this node, which forwards admin commands to whichever leader
+    comes (as KRaft brokers do, any broker may be named). librdkafka waits for the named
+    controller until its request times out and does not ask again: naming a dead leader
+    stalled every admin call for the whole timeout (20 s), and -1 stops it asking too."""
     lead = leader(broker)
-    return lead if lead is not None else node_id(broker)
+    me = node_id(broker)
+    if lead is None or lead == me:
+        return me
+    transport = getattr(_proposer(broker), "transport", None)
+    if transport is not None and lead not in transport.live_peers(0.0):
+        return me
+    return lead
 
 
 def is_leader(broker: Broker) -> bool:

@@ -547,3 +547,32 @@ def test_a_node_restarted_with_an_empty_data_dir_is_caught_up_by_the_same_leader
         range(200, 300))
     assert fetch_all(cluster.kafka_ports[victim], topic, 300) == list(enumerate(values))
     assert cluster.leader() == leader
+
+
+def test_admin_calls_do_not_wait_on_a_killed_leader(cluster: Cluster):
+    """Right after kill -9 of the leader the survivors still know it as leader for an election
+    timeout. They used to name it controller meanwhile, and librdkafka then waited for it
+    until its request timed out (20 s) without asking again. A node whose own link to the
+    leader is down names itself, and forwards the admin command to the next leader."""
+    leader = cluster.leader()
+    survivors = [i for i in IDS if i != leader]
+    admin = confluent_kafka.admin.AdminClient(
+        {"bootstrap.servers": cluster.bootstrap(*survivors)})
+    admin.list_topics(timeout=10)
+    cluster.brokers[leader].kill()
+    time.sleep(0.2)  # the links have dropped; no election timeout has passed yet
+    for i in survivors:
+        assert metadata(cluster.kafka_ports[i]).controller_id != leader
+    started = time.monotonic()
+    topic = "after-leader-kill"
+    admin.create_topics([confluent_kafka.admin.NewTopic(topic, 1, 1)],
+                        request_timeout=20)[topic].result(25)
+    assert time.monotonic() - started < 10
+    cluster.brokers[leader].restart()
+    for i in IDS:
+        wait_for(lambda: topic_listed(cluster.kafka_ports[i], topic), what=f"node {i} has {topic}")
+
+
+def topic_listed(port: int, topic: str) -> bool:
+    md = metadata(port, (topic,))
+    return md.topics[0].error_code == E.none
