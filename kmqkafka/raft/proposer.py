@@ -226,6 +226,8 @@ class RaftProposer:
         self._rng = rng
         self._tick_s = tick_s
         self._election_ticks = election_ticks
+        self._election_s = tick_s * election_ticks
+        self._led_term: int | None = None  # the term this node leads, if it does
         self._timeout = propose_timeout_s
         if compact_bytes is None:
             # A one-member cluster compacts to its checkpoint (cheap): keep the Raft log a
@@ -583,6 +585,8 @@ class RaftProposer:
             p = live.popleft()
             if not p.d.called:
                 self._expire(p)
+        if self._parked and (self.driver is None or self.driver.leader is None):
+            self._release_parked(now)
         if live and not self._stopped:
             self._sweeper = self._clock.callLater(self._sweep_s, self._sweep)
 
@@ -640,6 +644,20 @@ class RaftProposer:
         parked, self._parked = self._parked, []
         for p in parked:
             self._submit(p)
+
+    def _release_parked(self, now: float) -> None:
+        """Answer NOT_LEADER to proposals that found no leader for two election timeouts:
+        a node cut off from the majority knows none, and its clients should look for the
+        partition elsewhere rather than wait out the propose timeout."""
+        since = now + self._timeout - 2 * self._election_s  # deadline of the oldest to keep
+        stale = [p for p in self._parked if p.deadline <= since]
+        if not stale:
+            return
+        self._parked = [p for p in self._parked if p.deadline > since]
+        for p in stale:
+            if not p.d.called:
+                self._fail(p, NoLeaderError("no raft leader known to this node for "
+                                            f"{2 * self._election_s:.1f}s"))
 
     def _expire(self, p: _Pending) -> None:
         if p.d.called:
@@ -709,6 +727,34 @@ class RaftProposer:
                  role=soft.role.value, leader=soft.leader)
         if soft.leader is not None and self._parked:
             self._clock.callLater(0, self._retry_parked)
+        led, self._led_term = self._led_term, None
+        if soft.role is Role.LEADER and self.driver is not None:
+            self._led_term = self.driver.node.term
+        elif led is not None:
+            self._clock.callLater(self._election_s, self._release_deposed, led)
+
+    def _release_deposed(self, term: int) -> None:
+        """An election timeout after this node lost the leadership of ``term``: answer the
+        proposals it placed then and that no apply has answered since NOT_LEADER (a new
+        leader that holds them commits them meanwhile, and the apply answers). An isolated
+        leader's writes used to wait out the whole propose timeout as REQUEST_TIMED_OUT,
+        which clients retry at the same broker; Kafka's delayed produce answers
+        NOT_LEADER_OR_FOLLOWER when the leadership moves, and clients then look it up."""
+        if self._stopped or self._led_term == term:
+            return
+        leader = self.driver.leader if self.driver is not None else None
+        for index, ps in list(self._waiting.items()):
+            mine = [p for p in ps if p.term == term]
+            if not mine:
+                continue
+            kept = [p for p in ps if p.term != term]
+            if kept:
+                self._waiting[index] = kept
+            else:
+                del self._waiting[index]
+            for p in mine:
+                self._fail(p, NotLeaderError(f"this node lost the leadership of term {term} "
+                                             f"before entry {index} committed", leader))
 
     def apply(self, entry: Entry) -> None:
         """Apply one committed entry (driver, in log order)."""

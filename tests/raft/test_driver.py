@@ -15,7 +15,7 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from kmqkafka.raft.errors import NoLeaderError
+from kmqkafka.raft.errors import NoLeaderError, NotLeaderError
 from kmqkafka.raft.messages import ELIDED, InstallSnapshot
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
@@ -595,3 +595,25 @@ def test_pruning_snapshots_keeps_the_one_the_core_serves_and_files_in_transit(tm
         p.driver = driver
     assert sorted(x.name for x in d.iterdir()) == [
         f"{5:020d}", f"{9:020d}", "incoming-3.tar", "snapshot-abc.tar"]
+
+
+def test_a_cut_off_leader_answers_its_pending_writes_not_leader_soon(tmp_path):
+    """A leader cut off from the majority steps down (check-quorum) and, an election timeout
+    later, answers the writes it still holds NOT_LEADER; writes sent to it once it knows no
+    leader get the same after two election timeouts. Both used to wait out the whole
+    propose timeout (REQUEST_TIMED_OUT, retried by clients at the same broker)."""
+    cl = Cluster(tmp_path, propose_timeout_s=10.0)
+    leader = cl.wait_leader()
+    cl.result(cl.stores[leader].create_channel("kafka.t"))
+    cl.net.down = {i for i in cl.ids if i != leader}   # the majority is out of reach
+    pending = cl.stores[leader].append_batch("kafka.t", batch(b"lost"))
+    started = cl.clock.seconds()
+    with pytest.raises(NotLeaderError):
+        cl.result(pending, seconds=9)
+    assert cl.clock.seconds() - started <= 3 * 1.0 + 0.5   # check-quorum + one election timeout
+    assert not cl.stores[leader].is_leader()
+    later = cl.stores[leader].append_batch("kafka.t", batch(b"later"))
+    started = cl.clock.seconds()
+    with pytest.raises(NoLeaderError):
+        cl.result(later, seconds=9)
+    assert cl.clock.seconds() - started <= 2 * 1.0 + 1.0
