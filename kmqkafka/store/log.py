@@ -27,6 +27,7 @@ import bisect
 import os
 import shutil
 import struct
+from typing import Any
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,7 @@ class ChannelLog:
         self._next = 1
         self._durable = 1
         self._dirty_fds: dict[int, None] = {}
+        self._last_plan: tuple[Any, int] | None = None  # segments and time of the last plan
         self._fd_refs: dict[int, int] = {}
         self._retired_fds: set[int] = set()
         self._index_jobs: list = []
@@ -663,6 +665,14 @@ class ChannelLog:
         candidates = [s for s in self._segments[:-1] if s.builder is None and s.offsets is not None]
         if not candidates:
             return None
+        # A pass over unchanged segments changes nothing, unless tombstones may have aged out
+        # since the last one: skip it (passes come every 15 s, Kafka's cleaner backoff).
+        shape = tuple((seg.base, seg.generation, seg.size) for seg in self._segments)
+        last = self._last_plan
+        if (last is not None and last[0] == shape
+                and now_ms - last[1] < self._config.delete_retention_ms):
+            return None
+        self._last_plan = (shape, now_ms)
         sources = []
         for seg in self._segments:
             if not seg.size:

@@ -79,7 +79,7 @@ class ChannelStore:
         registry: CollectorRegistry | None = None,
         threaded_io: bool = True,
         retention_interval_s: float = 60.0,
-        compaction_interval_s: float = 60.0,
+        compaction_interval_s: float = 15.0,  # Kafka's log.cleaner.backoff.ms
         queue_expiry_interval_s: float = 0.5,
         proposer_factory: Callable[[StateMachine, Any, Callable[..., Deferred]], Any] | None = None,
     ) -> None:

@@ -177,3 +177,23 @@ def test_compaction_matches_a_model(batches, now, restart) -> None:
         assert _kv(log) == want
         assert len(before) >= len(want)
         log.close()
+
+
+def test_a_pass_over_unchanged_segments_is_skipped_until_tombstones_may_expire(
+        tmp_path: Path) -> None:
+    """Passes come every 15 s (Kafka's cleaner backoff): one that would read every closed
+    segment again to change nothing is skipped, until new segments close or
+    ``delete.retention.ms`` has passed since the last (tombstones may have aged out)."""
+    log = ChannelLog.open(tmp_path, COMPACT, 0)
+    for i in range(12):
+        log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"v%02d" % i]), 0)
+    flush(log)
+    assert _compact(log, 0) > 0
+    assert log.compaction_plan(10) is not None      # the cleaned segments are new: once more
+    assert log.compaction_plan(20) is None          # nothing changed since
+    assert log.compaction_plan(20 + COMPACT.delete_retention_ms) is not None
+    for i in range(12):
+        log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"w%02d" % i]), 2_000)
+    flush(log)
+    assert log.compaction_plan(2_001) is not None   # new closed segments
+    log.close()
