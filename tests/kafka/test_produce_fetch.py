@@ -850,3 +850,50 @@ def test_cancelling_a_parked_fetch_releases_its_waiter(tmp_path: Path) -> None:
     assert len(env.store.waiters) == 0
     env.clock.advance(31)  # the cancelled wait's timer is gone too: nothing fires
     assert len(failures) == 1
+
+
+class _Trickle:
+    """A socket whose ``sendall`` delivers a request in pieces with pauses, so the broker sees
+    a large request's head first and reads the rest as it comes."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def sendall(self, data: bytes) -> None:
+        for start in range(0, len(data), 150_000):
+            self.sock.sendall(data[start:start + 150_000])
+            time.sleep(0.05)
+
+    def recv(self, n: int) -> bytes:
+        return self.sock.recv(n)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_large_requests_arriving_in_pieces_are_read_whole(tmp_path: Path) -> None:
+    """A request of 256 KiB or more is read into its own buffer as it arrives (``recvinto``):
+    produces of ~800 KB sent in pauses, followed by small requests on the same connection,
+    are stored exactly and answered in order."""
+    topic = unique("big")
+    broker = start_broker(tmp_path)
+    raw = Raw(broker)
+    raw.sock = _Trickle(raw.sock)
+    blobs = [build_batch([NewRecord(value=bytes([65 + b]) * 1000 + b"%06d" % i, key=b"k")
+                          for i in range(800)], now_ms=1_700_000_000_000) for b in range(3)]
+    answers = [produce(raw, topic, {0: blob})[0] for blob in blobs]
+    bases = [a.base_offset for a in answers]
+    assert [a.error_code for a in answers] == [E.none] * 3, answers[0]
+    assert bases == [0, 800, 1600]
+    values: list[bytes | None] = []
+    for _ in range(10):
+        got = parts_of(fetch(raw, topic, {0: len(values)}))[0]
+        stored = bytes(got.records or b"")
+        values += [r.value for pos, _h in records.split_batches(stored)
+                   for r in records.iter_records(stored, pos)]
+        if len(values) >= 2400:
+            break
+    assert values == [bytes([65 + b]) * 1000 + b"%06d" % i for b in range(3) for i in range(800)]
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 2400
+    raw.close()
+    broker.stop()
