@@ -70,15 +70,22 @@ def test_only_the_keyless_record_of_a_batch_is_blamed_on_a_compacted_topic(
         assert "part of a batch which had one more more invalid records" in str(innocent)
 
 
+def committing_consumer(kafka: BrokerProcess, admin: Any,
+                        prefix: str) -> tuple[Any, str, Any]:
+    """A fresh one-partition topic, a group id and a kafka-python consumer that commits by
+    hand: (partition, group, consumer)."""
+    topic, group = unique(prefix), unique(prefix + "-group")
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=group,
+                             enable_auto_commit=False, request_timeout_ms=10_000)
+    return KafkaTopicPartition(topic, 0), group, consumer
+
+
 def test_a_commit_without_metadata_reads_back_empty_metadata(
         kafka: BrokerProcess, admin: Any) -> None:
     """Kafka stores a null commit metadata as "" (OffsetAndMetadata.NO_METADATA): committed()
     and the admin listing never show None for a committed partition."""
-    topic, group = unique("no-meta"), unique("no-meta-group")
-    admin.create_topics([NewTopic(topic, 1, 1)])
-    tp = KafkaTopicPartition(topic, 0)
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=group,
-                             enable_auto_commit=False, request_timeout_ms=10_000)
+    tp, group, consumer = committing_consumer(kafka, admin, "no-meta")
     try:
         consumer.commit({tp: OffsetAndMetadata(4, None, -1)})
         assert consumer.committed(tp, metadata=True) == OffsetAndMetadata(4, "", -1)
@@ -182,11 +189,7 @@ def test_commit_metadata_is_bounded_in_java_characters(kafka: BrokerProcess,
     OFFSET_METADATA_TOO_LARGE."""
     from kafka.errors import OffsetMetadataTooLargeError
 
-    topic, group = unique("meta-size"), unique("meta-size-group")
-    admin.create_topics([NewTopic(topic, 1, 1)])
-    tp = KafkaTopicPartition(topic, 0)
-    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id=group,
-                             enable_auto_commit=False, request_timeout_ms=10_000)
+    tp, _group, consumer = committing_consumer(kafka, admin, "meta-size")
     try:
         consumer.commit({tp: OffsetAndMetadata(1, "é" * 4096, -1)})
         assert consumer.committed(tp, metadata=True).metadata == "é" * 4096
