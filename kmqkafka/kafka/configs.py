@@ -100,6 +100,78 @@ _DOCS: dict[str, str] = {
     "segment.ms": "Age at which a partition's channel rolls to a new segment.",
     "max.message.bytes": "Largest record batch a partition accepts.",
     "delete.retention.ms": "How long tombstones survive compaction.",
+    "compression.type": "Codec batches are stored with; 'producer' keeps what the client sent "
+                        "(this broker always stores batches as sent).",
+    "compression.gzip.level": "gzip level for broker-side recompression (accepted; batches are "
+                              "stored as sent).",
+    "compression.lz4.level": "lz4 level for broker-side recompression (accepted; batches are "
+                             "stored as sent).",
+    "compression.zstd.level": "zstd level for broker-side recompression (accepted; batches are "
+                              "stored as sent).",
+    "file.delete.delay.ms": "Delay before a deleted segment's files go (accepted; deletion is "
+                            "immediate here).",
+    "flush.messages": "Records between forced flushes; acknowledged batches are fsynced by "
+                      "the group commit regardless.",
+    "flush.ms": "Time between forced flushes; acknowledged batches are fsynced by the group "
+                "commit regardless.",
+    "follower.replication.throttled.replicas": "Replicas whose follower traffic is throttled "
+                                               "(accepted; Raft replication is not throttled).",
+    "leader.replication.throttled.replicas": "Replicas whose leader traffic is throttled "
+                                             "(accepted; Raft replication is not throttled).",
+    "index.interval.bytes": "Bytes between entries of a segment's sparse offset index.",
+    "local.retention.bytes": "Tiered storage: bytes kept locally (accepted; no tiered "
+                             "storage here).",
+    "local.retention.ms": "Tiered storage: time kept locally (accepted; no tiered storage "
+                          "here).",
+    "max.compaction.lag.ms": "Longest a record may stay uncompacted (accepted; must not be "
+                             "below min.compaction.lag.ms).",
+    "min.compaction.lag.ms": "Shortest time a record stays uncompacted (accepted; must not "
+                             "exceed max.compaction.lag.ms).",
+    "min.cleanable.dirty.ratio": "Share of uncleaned log that makes a partition due for "
+                                 "compaction (accepted; a pass runs once closed segments "
+                                 "changed).",
+    "message.downconversion.enable": "Down-conversion for old fetch versions (accepted; "
+                                     "fetch v4 and later need none).",
+    "message.format.version": "Record format of old brokers (accepted; batches are always "
+                              "magic 2).",
+    "message.timestamp.type": "CreateTime keeps the producer's timestamps; LogAppendTime "
+                              "stamps the broker's clock on every batch it stores.",
+    "message.timestamp.before.max.ms": "How far before the broker's clock a CreateTime "
+                                       "timestamp may be (INVALID_TIMESTAMP beyond).",
+    "message.timestamp.after.max.ms": "How far after the broker's clock a CreateTime "
+                                      "timestamp may be (INVALID_TIMESTAMP beyond).",
+    "message.timestamp.difference.max.ms": "Deprecated bound on CreateTime timestamps; "
+                                           "stands in for before/after bounds left unset.",
+    "min.insync.replicas": "Live replicas (Raft members) an acks=all write needs, else "
+                           "NOT_ENOUGH_REPLICAS.",
+    "preallocate": "Preallocate segment files (accepted; segments grow as written).",
+    "remote.storage.enable": "Tiered storage switch (accepted; no tiered storage here).",
+    "remote.log.copy.disable": "Tiered storage copy switch (accepted; no tiered storage).",
+    "remote.log.delete.on.disable": "Tiered storage clean-up switch (accepted; no tiered "
+                                    "storage).",
+    "segment.index.bytes": "Largest offset index of a segment (accepted; indexes grow with "
+                           "their segment).",
+    "segment.jitter.ms": "Random jitter on segment.ms rolls (accepted; rolls are exact).",
+    "unclean.leader.election.enable": "Electing an out-of-sync replica (never here: Raft "
+                                      "elects only complete logs).",
+}
+
+_BROKER_DOCS: dict[str, str] = {
+    "advertised.listeners": "Endpoints clients are told to use (CONNECTORS_KAFKA_ADVERTISED_"
+                            "HOST/PORT).",
+    "auto.create.topics.enable": "Whether Metadata and Produce create unknown topics.",
+    "broker.id": "This node's id (KMQKAFKA_NODE_ID).",
+    "default.replication.factor": "Replication factor of new topics: every Raft member "
+                                  "holds every partition.",
+    "listeners": "Addresses the Kafka listeners bind.",
+    "log.dirs": "The data dir holding every channel (KMQKAFKA_DATA_DIR).",
+    "max.connections": "Kafka connections this node accepts at once.",
+    "node.id": "This node's id (KMQKAFKA_NODE_ID).",
+    "num.partitions": "Partition count of auto-created topics.",
+    "offsets.topic.replication.factor": "Committed offsets live in the replicated store, not "
+                                        "in a topic.",
+    "transaction.state.log.replication.factor": "Producer state lives in the replicated "
+                                                "store, not in a topic.",
 }
 
 
@@ -183,7 +255,9 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         if broker_name not in values:
             values[broker_name] = (defaults[topic_name], SOURCE_DEFAULT,
                                    _TOPIC_TYPES.get(topic_name, LONG))
-    return [ConfigEntry(name, value, source, True, kind, ((name, value, source),), None)
+    topic_of = {broker_name: topic_name for topic_name, broker_name in _BROKER_SYNONYM.items()}
+    return [ConfigEntry(name, value, source, True, kind, ((name, value, source),),
+                        _BROKER_DOCS.get(name) or _DOCS.get(topic_of.get(name, "")))
             for name, (value, source, kind) in sorted(values.items())]
 
 

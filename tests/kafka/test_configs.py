@@ -340,3 +340,24 @@ def test_topic_configs_and_partitions_survive_restart(tmp_path: Path) -> None:
         assert channel_config(b, "durable-cfg", 2)["segment_bytes"] == 2000000
     finally:
         b.stop()
+
+
+def test_every_config_is_documented_when_asked(kafka: BrokerProcess) -> None:
+    """Kafka documents every config it describes (include_documentation): topic and broker
+    resources alike, and none when not asked."""
+    from kio.schema.describe_configs.v4.request import DescribeConfigsResource
+    from test_admin import call, create
+
+    create(kafka, "dc-docs", 1)
+    resources = (DescribeConfigsResource(resource_type=2, resource_name="dc-docs",
+                                         configuration_keys=None),
+                 DescribeConfigsResource(resource_type=4, resource_name="1",
+                                         configuration_keys=None))
+    asked = call(kafka, 32, 4, include_synonyms=False, include_documentation=True,
+                 resources=resources)
+    for result in asked.results:
+        undocumented = [c.name for c in result.configs if not c.documentation]
+        assert result.configs and undocumented == []
+    plain = call(kafka, 32, 4, include_synonyms=False, include_documentation=False,
+                 resources=resources)
+    assert all(c.documentation is None for r in plain.results for c in r.configs)
