@@ -342,21 +342,18 @@ def load_settings(
     values: dict[str, Any] = {}
     given: set[str] = set()
     for s in SETTINGS:
-        raw: Any = None
         opt = options.get(s.option)
         if s.kind == "bool" and s.option == "kafka":
             opt = True if opt else None  # a flag can only switch on
-        if opt is not None:
-            raw = opt
-        elif s.env in environ:
-            raw = environ[s.env]
-        elif s.attr in from_file:
-            raw = from_file[s.attr]
-        if raw is None:
-            values[s.attr] = Path(s.default) if s.kind == "path" else s.default
-        else:
-            values[s.attr] = _parse(s, raw)
+        # Every source that gives the setting is validated, not only the one that wins: a typo
+        # in the file must not lie in wait behind an environment variable.
+        sources = (opt, environ.get(s.env), from_file.get(s.attr))
+        parsed = [_parse(s, raw) for raw in sources if raw is not None]
+        if parsed:
+            values[s.attr] = parsed[0]
             given.add(s.attr)
+        else:
+            values[s.attr] = Path(s.default) if s.kind == "path" else s.default
 
     if values["tls_key"] is None and values["tls_cert"] is not None:
         values["tls_key"] = values["tls_cert"]

@@ -55,6 +55,14 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     ``store`` defaults to a ``ChannelStore`` in ``settings.data_dir``. Raises ``ConfigError``
     for TLS material that cannot be loaded.
     """
+    # TLS material is loaded before the store (whose Raft proposer starts a thread): a bad
+    # certificate must end start-up with its one line, not leave a process that never exits.
+    kafka_tls = None
+    if settings.kafka_enable and settings.kafka_tls_enable:
+        from kmqkafka.net.tls import server_context
+
+        assert settings.tls_cert is not None and settings.tls_key is not None
+        kafka_tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
     registry = CollectorRegistry(auto_describe=True)
     metrics = Metrics(registry)
     if store is None:
@@ -92,14 +100,10 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
         listeners.append(
             Listener("PLAINTEXT", settings.kafka_bind_host, settings.kafka_port, factory("PLAINTEXT"))
         )
-        if settings.kafka_tls_enable:
-            from kmqkafka.net.tls import server_context
-
-            assert settings.tls_cert is not None and settings.tls_key is not None
-            tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
+        if kafka_tls is not None:
             listeners.append(
                 Listener("SSL", settings.kafka_bind_host, settings.kafka_tls_port, factory("SSL"),
-                         tls=tls)
+                         tls=kafka_tls)
             )
     service = BrokerService(reactor, store, None, listeners)
     service.http = Listener("HTTP", settings.http_host, settings.http_port,
@@ -121,6 +125,8 @@ def raft_proposer_factory(settings: Settings, reactor: Any) -> Callable[..., Any
     node_id = settings.node_id if settings.peers else max(settings.node_id, 1)
     members = {p.node_id: Member(p.node_id, p.raft_host, p.raft_port, p.kafka_host, p.kafka_port)
                for p in settings.peers}
+    # Loaded now, before any thread starts, so bad material is a clean start-up error.
+    server_tls, client_tls = _raft_tls(settings) if members else (None, None)
 
     def factory(machine: Any, clock: Any, run_io: Callable[..., Any]) -> RaftProposer:
         pool = ThreadPool(1, 1, "kmqkafka-raft")
@@ -133,7 +139,6 @@ def raft_proposer_factory(settings: Settings, reactor: Any) -> Callable[..., Any
         transport = None
         if members:
             me = members[node_id]
-            server_tls, client_tls = _raft_tls(settings)
             transport = RaftTransport(
                 node_id, (settings.raft_bind_host or me.raft_host, me.raft_port),
                 {m.node_id: (m.raft_host, m.raft_port) for m in members.values()},
@@ -154,7 +159,10 @@ def _raft_tls(settings: Settings) -> tuple[Any, Any]:
 
     from kmqkafka.net.tls import server_context
 
-    server = server_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
+    # With a CA, a Raft peer must present a certificate it signed (raft/transport.py): an
+    # anonymous TLS client must not reach the Raft port.
+    server = server_context(settings.tls_cert, settings.tls_key, settings.tls_ca,
+                            require_client_cert=settings.tls_ca is not None)
     cert_pem = settings.tls_cert.read_bytes()
     key_pem = cert_pem if settings.tls_key == settings.tls_cert else settings.tls_key.read_bytes()
     private = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)

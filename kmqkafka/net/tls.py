@@ -2,7 +2,8 @@
 
 The certificate settings are the server's global ones (``KMQKAFKA_TLS_CERT``/``_KEY``/``_CA``);
 there is no Kafka-specific certificate. With a CA bundle, client certificates are requested and
-verified when presented (they are not required).
+verified when presented (they are not required) on the Kafka listener; the Raft port asks
+``server_context`` to require them, since a peer there must always prove who it is.
 """
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ def _read(path: Path, setting: str) -> bytes:
         raise ConfigError(f"invalid setting {setting}: cannot read {str(path)!r}: {e.strerror}") from None
 
 
-def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.CertificateOptions:
-    """Build the TLS server context; raises ``ConfigError`` (one line) for unreadable/bad PEM."""
+def server_context(cert: Path, key: Path, ca: Path | None = None,
+                   require_client_cert: bool = False) -> ssl.CertificateOptions:
+    """Build the TLS server context; raises ``ConfigError`` (one line) for unreadable/bad PEM.
+
+    With ``ca``, client certificates are verified against it; ``require_client_cert`` also
+    refuses clients that present none (the Raft port)."""
     cert_pem = _read(cert, "KMQKAFKA_TLS_CERT")
     key_pem = cert_pem if key == cert else _read(key, "KMQKAFKA_TLS_KEY")
     try:
@@ -52,7 +57,11 @@ def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.Certifi
             raise ConfigError(
                 f"invalid setting KMQKAFKA_TLS_CA: cannot load {str(ca)!r}: {type(e).__name__}"
             ) from None
-        kwargs.update(caCerts=authorities, verify=True, requireCertificate=False)
+        if not authorities:  # CertificateOptions would raise a bare ValueError (a traceback)
+            raise ConfigError(
+                f"invalid setting KMQKAFKA_TLS_CA: no PEM certificate in {str(ca)!r}"
+            )
+        kwargs.update(caCerts=authorities, verify=True, requireCertificate=require_client_cert)
     options = ssl.CertificateOptions(
         privateKey=private.privateKey.original,
         certificate=private.original,
