@@ -117,9 +117,14 @@ class BrokerService(MultiService):
         ports, self._ports = self._ports, []
         for port in ports:
             yield maybeDeferred(port.stopListening)
-        for listener in self.listeners:
-            if isinstance(listener.factory, KafkaFactory):
-                yield listener.factory.drain(self.drain_timeout)
+        drains = [listener.factory.drain(self.drain_timeout) for listener in self.listeners
+                  if isinstance(listener.factory, KafkaFactory)]
+        if self._store_started:
+            # No new requests are read now; parked fetches answer with what they have rather
+            # than hold the drain until they time out (and lose their answer).
+            self.store.waiters.wake_all()
+        for drained in drains:
+            yield drained
         if self._store_started:
             self._store_started = False
             try:

@@ -227,13 +227,15 @@ class _Fetch:
         self.wait = self.store.wait_any(watches, remaining)
         self.wait.addCallbacks(self._woke, self._wait_failed)
 
-    def _woke(self, _ready: bool) -> None:
+    def _woke(self, ready: bool) -> None:
+        """``ready`` False: the wait ran out, or the broker is shutting down and answers every
+        parked fetch with what it has (as Kafka completes its delayed fetches on shutdown)."""
         self.wait = None
         if self.deferred is None or self.deferred.called:
             return
         try:
             results, total, errors = self._read()
-            if self._satisfied(total, errors):
+            if not ready or self._satisfied(total, errors):
                 self.deferred.callback(self._respond(results))
             else:
                 self._park(results)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import ssl
 import struct
@@ -525,3 +526,45 @@ def test_health_and_metrics(broker: BrokerProcess) -> None:
     assert 'kmqkafka_kafka_requests_total{api="api_versions",version="0"}' in text
     assert "kmqkafka_kafka_request_latency_seconds_bucket" in text
     assert "kmqkafka_kafka_connections_open" in text
+
+
+def test_sigterm_answers_a_parked_fetch_before_exiting(tmp_path: Path) -> None:
+    """SIGTERM finishes in-flight requests: a Fetch parked for 30 s on an empty partition is
+    answered at once (with no records) and the daemon exits 0 well within its drain timeout.
+    It used to hold the drain for its whole 5 s and then lose its answer."""
+    import importlib
+
+    from rawkafka import RawClient
+
+    def req(name: str) -> Any:
+        return getattr(importlib.import_module("kio.schema.fetch.v11.request"), name)
+
+    b = start_broker(tmp_path)
+    try:
+        produce_ok = RawClient(b.kafka_port)
+        metadata = importlib.import_module("kio.schema.metadata.v12.request")
+        produce_ok.call(metadata.MetadataRequest(
+            topics=(metadata.MetadataRequestTopic(name="parked", topic_id=None),),
+            allow_auto_topic_creation=True, include_topic_authorized_operations=False))
+        produce_ok.close()
+        raw = RawClient(b.kafka_port, timeout=20)
+        request = req("FetchRequest")(
+            replica_id=-1, max_wait=datetime.timedelta(seconds=30), min_bytes=1,
+            max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+            topics=(req("FetchTopic")(topic="parked", partitions=(req("FetchPartition")(
+                partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+                partition_max_bytes=1 << 20),)),),
+            forgotten_topics_data=(), rack_id="")
+        raw.send(request)
+        time.sleep(0.5)  # parked now
+        started = time.monotonic()
+        b.proc.send_signal(signal.SIGTERM)
+        response = raw.receive(request)
+        (part,) = response.responses[0].partitions
+        assert part.error_code == ErrorCode.none and not part.records
+        assert b.proc.wait(10) == 0
+        assert time.monotonic() - started < 3
+        raw.close()
+    finally:
+        if b.proc.poll() is None:
+            b.kill()
