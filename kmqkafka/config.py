@@ -12,6 +12,7 @@ here; they are handed through untouched in ``Settings.file_tables`` for the modu
 from __future__ import annotations
 
 import ipaddress
+import re
 
 import tomllib
 from dataclasses import dataclass, field
@@ -209,6 +210,10 @@ def _name(s: Setting) -> str:
     return f"{s.env} (--{s.option}, [{s.table}] {s.key})"
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_JAVA_INT_MAX = 2**31 - 1
+
+
 def _parse(s: Setting, raw: Any) -> Any:
     """Turn ``raw`` (text from env/options, or a TOML value) into the setting's type."""
     def bad(why: str) -> ConfigError:
@@ -229,10 +234,12 @@ def _parse(s: Setting, raw: Any) -> Any:
         if isinstance(raw, int):
             value = raw
         else:
-            try:
-                value = int(str(raw).strip(), 10)
-            except ValueError:
-                raise bad("is not an integer") from None
+            text = str(raw).strip()
+            if not _INTEGER.fullmatch(text):  # int() would also take "9_092" or " ９"
+                raise bad("is not an integer")
+            value = int(text, 10)
+        if s.kind != "size" and value > _JAVA_INT_MAX:
+            raise bad(f"is larger than {_JAVA_INT_MAX} (a Java int, as in Kafka)")
         if s.kind == "port" and not 1 <= value <= 65535:
             raise bad("is not a port number in 1..65535")
         if s.kind == "port0" and not 0 <= value <= 65535:

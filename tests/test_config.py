@@ -85,6 +85,9 @@ BAD_VALUES = [
     ("KMQKAFKA_HTTP_PORT", "http"),
     ("KMQKAFKA_NODE_ID", "-1"),
     ("KMQKAFKA_DATA_DIR", " "),
+    ("CONNECTORS_KAFKA_PORT", "9_092"),                     # Python's int() takes it
+    ("CONNECTORS_KAFKA_MAX_MESSAGE_BYTES", "4294967296"),   # past a Java int, as in Kafka
+    ("CONNECTORS_KAFKA_MAX_CONNECTIONS", "1" + "0" * 20),
 ]
 
 

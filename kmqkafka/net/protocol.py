@@ -56,7 +56,6 @@ READ_SIZE = 1 << 20
 # Twisted sends at most SEND_LIMIT (128 KiB) per writable event: a 10 MiB Fetch response took
 # 80 reactor turns. Larger sends cut that to ~10 (the kernel still takes what fits).
 SEND_SIZE = 1 << 20
-FILL_MIN = 256 * 1024  # a request this large is read into its own buffer (``recvinto``)
 
 
 def _tune_socket(transport: Any) -> None:
@@ -182,7 +181,7 @@ class KafkaProtocol(Protocol):
                                 cap=cap)
                 return
             if available - 4 < size:
-                if size >= FILL_MIN and self._fills:
+                if self._fills and recvinto.worth_filling(size, available - 4):
                     self._start_fill(size)
                 break
             start = self._pos + 4

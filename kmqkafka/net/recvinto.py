@@ -14,7 +14,22 @@ from typing import Any, Callable
 
 from twisted.internet import main
 
-__all__ = ["install"]
+__all__ = ["install", "worth_filling"]
+
+FILL_MIN = 256 * 1024
+"""Smaller frames are read as usual: the copy saved is not worth a buffer of their own."""
+FILL_MAX = 16 << 20
+"""Larger frames are read as usual (the buffer grows as data arrives): a buffer is
+allocated whole, and a peer must not get a huge one for a four-byte length prefix."""
+FILL_HEAD = 64 * 1024
+"""A frame gets its own buffer only once this much of it has arrived, which bounds what a
+peer can make the broker allocate to 256 times what it sent."""
+
+
+def worth_filling(size: int, have: int) -> bool:
+    """Whether a frame of ``size`` bytes, ``have`` of them already here, should be read into a
+    buffer of its own."""
+    return FILL_MIN <= size <= FILL_MAX and have >= FILL_HEAD
 
 
 def install(transport: Any, target: Callable[[], memoryview | None],

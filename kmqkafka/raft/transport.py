@@ -65,7 +65,6 @@ _U64 = struct.Struct(">Q")
 _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
 RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
-_FILL_MIN = 256 * 1024  # a frame this long is read into a FrameBuffer of its own (recvinto)
 
 
 class _Link(protocol.Protocol):
@@ -169,7 +168,7 @@ class _Link(protocol.Protocol):
             if pos < end:
                 rest = end - pos
                 need = (4 + _HEAD.unpack_from(data, pos)[0]) if rest >= 5 else 5
-                if need >= _FILL_MIN and self._fills:
+                if self._fills and recvinto.worth_filling(need, rest):
                     # The rest of this frame is read straight into its own buffer.
                     self._fill = FrameBuffer(need)
                     self._fill[:rest] = view[pos:]

@@ -182,7 +182,7 @@ def test_a_large_frame_is_read_into_its_own_buffer_and_its_entries_shared():
     tr = _ReadTransport(a)
     tr.protocol = link
     link.makeConnection(tr)
-    cut = len(stream) - 650_000           # the last frame's head arrives with the rest
+    cut = len(stream) - 600_000           # the last frame's head arrives with the rest
     link.dataReceived(stream[:cut])
     assert link._fill is not None and len(got) == len(sent) - 1
     pos = cut
@@ -197,5 +197,29 @@ def test_a_large_frame_is_read_into_its_own_buffer_and_its_entries_shared():
     b.send(_frame(sent[0]))               # a small frame: the ordinary read again
     tr.doRead()
     assert tr.plain_reads == 1 and encode(got[-1]) == encode(sent[0])
+    a.close()
+    b.close()
+
+
+def test_a_length_prefix_alone_never_gets_a_large_buffer():
+    """A buffer of its own is allocated whole, so a frame gets one only once 64 KiB of it
+    are here and only up to 16 MiB: a peer cannot make the node allocate a huge buffer for a
+    few bytes (the frame then grows as its data arrives, as before)."""
+    got: list = []
+    t = RaftTransport(1, PEERS[1], PEERS, MemoryReactorClock(), random.Random(0), run_io=None)
+    t.start(SimpleNamespace(receive=got.append))
+    a, b = socket.socketpair()
+    link = t._reactor.tcpServers[0][1].buildProtocol(None)
+    tr = _ReadTransport(a)
+    tr.protocol = link
+    link.makeConnection(tr)
+    link.dataReceived(_HEAD.pack(200 << 20, RAFT) + b"x" * 100)   # 200 MiB claimed
+    assert link._fill is None and link._held_len == 105
+    link2 = t._reactor.tcpServers[0][1].buildProtocol(None)
+    tr2 = _ReadTransport(b)
+    tr2.protocol = link2
+    link2.makeConnection(tr2)
+    link2.dataReceived(_HEAD.pack(1 << 20, RAFT) + b"x" * 1000)   # 1 MiB, little of it here
+    assert link2._fill is None
     a.close()
     b.close()
