@@ -658,6 +658,11 @@ class ConsumerGroupCoordinator:
 
     def _remove(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         """Drop a member, bump the group epoch and recompute the target assignment."""
+        self._drop(group, member, why)
+        self._bump(group)
+
+    def _drop(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
+        """Forget a member and its timers; the caller bumps the group epoch."""
         self._cancel_timers(member)
         group.members.pop(member.member_id, None)
         group.target.pop(member.member_id, None)
@@ -665,9 +670,43 @@ class ConsumerGroupCoordinator:
             del group.static_members[member.instance_id]
         log.info("group {group}: member {member} {why}", group=group.group_id,
                  member=member.member_id, why=why)
+
+    def _bump(self, group: ConsumerGroup) -> None:
         self._refresh_metadata(group)
         group.epoch += 1
         self._maybe_assign(group)
+
+    def leave_members(self, group_id: str, members: Iterable[tuple[str, str | None]]
+                      ) -> tuple[list[ErrorCode], Deferred]:
+        """A classic LeaveGroup aimed at consumer group ``group_id`` (Kafka's
+        ``classicGroupLeaveToConsumerGroup``), which is how admin tools remove members
+        (``remove_members``, ``--delete-members``): a static member by its instance id (member
+        id empty, or its current one, else FENCED_INSTANCE_ID), any other by member id; unknown
+        ones get UNKNOWN_MEMBER_ID. The removed members are fenced at once and the group epoch
+        is bumped once. Returns one error per requested member and the Deferred of the write.
+        """
+        group = self.groups[group_id]
+        errors: list[ErrorCode] = []
+        removed = False
+        for member_id, instance_id in members:
+            if instance_id is None:
+                member = group.members.get(member_id) if member_id else None
+            else:
+                owner_id = group.static_members.get(instance_id)
+                member = group.members.get(owner_id) if owner_id else None
+                if member is not None and member_id and member_id != member.member_id:
+                    errors.append(ErrorCode.fenced_instance_id)
+                    continue
+            if member is None:
+                errors.append(ErrorCode.unknown_member_id)
+                continue
+            self._drop(group, member, "was removed by a LeaveGroup request")
+            removed = True
+            errors.append(ErrorCode.none)
+        if not removed:
+            return errors, succeed(None)
+        self._bump(group)
+        return errors, self._persist(group)
 
     def _expire(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         member.session_timer = member.revocation_timer = None

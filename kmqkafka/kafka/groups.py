@@ -5,7 +5,9 @@ Thin handlers over ``kmqkafka.coordinators.group.GroupCoordinator``: they turn k
 coordinator calls and results into kio responses of the request's version. The coordinator
 lives at ``broker.extras["groups"]`` (``coordinator(broker)`` creates it on first use and
 registers the lag collector; ``install(broker)`` does that eagerly from the tap). It loads its
-durable state on first use after the store has recovered. The CreatePartitions handler calls
+durable state on first use after the store has recovered. A LeaveGroup naming a KIP-848 group
+(admin tools removing members) goes to ``broker.extras["consumer_groups"]``. The
+CreatePartitions handler calls
 ``broker.extras["groups"].rebalance_groups_subscribed_to(topic)``.
 
 Clusters: coordinator state lives in memory on one node, so the Raft leader coordinates every
@@ -430,14 +432,29 @@ def heartbeat(request: Any, ctx: RequestContext) -> Any:
     return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code)
 
 
-def leave_group(request: Any, ctx: RequestContext) -> Any:
-    t = types_of(ctx)
+def leave_group(request: Any, ctx: RequestContext) -> Deferred | Any:
     if ctx.api_version < 3:
-        top, errors = coordinator(ctx.broker).leave(request.group_id, [(request.member_id, None)])
+        wanted: list[tuple[str, str | None]] = [(request.member_id, None)]
+    else:
+        wanted = [(m.member_id, m.group_instance_id) for m in request.members]
+    c = coordinator(ctx.broker)
+    cg = _consumer_groups(ctx.broker)
+    if cg is not None and cg.owns(request.group_id):
+        # Admin tools remove members of a KIP-848 group with a classic LeaveGroup too.
+        errors, written = cg.leave_members(request.group_id, wanted)
+        return written.addCallbacks(
+            lambda _: _leave_response(ctx, wanted, ErrorCode.none, errors),
+            lambda f: _leave_response(ctx, wanted, ErrorCode.coordinator_not_available, []))
+    top, errors = c.leave(request.group_id, wanted)
+    return _leave_response(ctx, wanted, top, errors)
+
+
+def _leave_response(ctx: RequestContext, wanted: list[tuple[str, str | None]], top: ErrorCode,
+                    errors: list[ErrorCode]) -> Any:
+    if ctx.api_version < 3:
         code = top if top is not ErrorCode.none else errors[0]
         return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code)
-    wanted = [(m.member_id, m.group_instance_id) for m in request.members]
-    top, errors = coordinator(ctx.broker).leave(request.group_id, wanted)
+    t = types_of(ctx)
     members = () if top is not ErrorCode.none else tuple(
         make(t.MemberResponse, member_id=member_id, group_instance_id=instance_id,
              error_code=code)
