@@ -875,8 +875,15 @@ def test_large_requests_arriving_in_pieces_are_read_whole(tmp_path: Path) -> Non
     """A request of 256 KiB or more is read into its own buffer as it arrives (``recvinto``):
     produces of ~800 KB sent in pauses, followed by small requests on the same connection,
     are stored exactly and answered in order."""
-    topic = unique("big")
     broker = start_broker(tmp_path)
+    try:
+        _produce_large_in_pieces(broker)
+    finally:
+        broker.stop()
+
+
+def _produce_large_in_pieces(broker: BrokerProcess) -> None:
+    topic = unique("big")
     raw = Raw(broker)
     raw.sock = _Trickle(raw.sock)
     blobs = [build_batch([NewRecord(value=bytes([65 + b]) * 1000 + b"%06d" % i, key=b"k")
@@ -896,4 +903,3 @@ def test_large_requests_arriving_in_pieces_are_read_whole(tmp_path: Path) -> Non
     assert values == [bytes([65 + b]) * 1000 + b"%06d" % i for b in range(3) for i in range(800)]
     assert list_offsets(raw, topic, {0: -1})[0].offset == 2400
     raw.close()
-    broker.stop()
