@@ -216,10 +216,15 @@ def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None]) -
                     spies.enter_context(Profiler(args.profile, pid).phase(f"{dep.name}-node{i}"))
             before = meter.sample()
             out = produce_phase(dep.bootstrap, topic, KIB, args.count, "all", args.seconds)
-            out["cpu_pct"] = meter.pct(before, meter.sample())
+            after = meter.sample()
+            out["cpu_pct"] = meter.pct(before, after)
+            # CPU seconds each node spent per GB acknowledged: comparable across runs whose
+            # throughput differs (this machine's run-to-run swing is large).
+            gb = max(out["acked"] * KIB / 1e9, 1e-9)
+            out["cpu_s_per_gb"] = [round((b - a) / gb, 2) for a, b in zip(before[1], after[1])]
         log(f"  {dep.name}: produce run {r + 1}: {out['msg_s']:,.0f} msg/s "
             f"({out['mb_s']:.0f} MB/s), acked {out['acked']:,}, failed {out['failed']}, "
-            f"broker cpu {out['cpu_pct']}")
+            f"broker cpu {out['cpu_pct']}, cpu-s per GB {out['cpu_s_per_gb']}")
         runs.append(out)
     rates = [x["msg_s"] for x in runs]
     median = statistics.median(rates) if rates else None
@@ -228,6 +233,7 @@ def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None]) -
             "produce_runs_msg_s": [round(x) for x in rates],
             "produce_failed": sum(x["failed"] for x in runs),
             "produce_cpu_pct": [x["cpu_pct"] for x in runs],
+            "produce_cpu_s_per_gb": [x["cpu_s_per_gb"] for x in runs],
             "ack_p50_ms": round(lat["p50_ms"], 2), "ack_p99_ms": round(lat["p99_ms"], 2),
             "ack_max_ms": round(lat["max_ms"], 2), "ack_failed": lat["failed"],
             "ack_cpu_pct": lat["cpu_pct"], "nodes": len(dep.pids), "leader": dep.leader}

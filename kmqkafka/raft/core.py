@@ -115,6 +115,7 @@ class _Progress:
     pending_snapshot: int = 0
     snapshot_elapsed: int = 0
     recent_active: bool = False
+    quiet_ticks: int = 0  # leader ticks since the follower was last heard from
     inflight: deque[tuple[int, int]] = field(default_factory=deque)  # (last index, bytes)
     inflight_bytes: int = 0
 
@@ -261,8 +262,12 @@ class RaftNode:
         the log past it would turn that follower's catch-up into a snapshot transfer."""
         if self.role is not Role.LEADER:
             return None
+        # Heard within a few election timeouts: a follower busy catching up (or starved of CPU
+        # by its neighbours) can miss one check-quorum round without being gone.
+        window = 5 * self._election_ticks
         matches = [pr.match for v, pr in self._progress.items()
-                   if v != self.id and pr.recent_active and pr.match >= self._log.snap_index]
+                   if v != self.id and pr.quiet_ticks <= window
+                   and pr.match >= self._log.snap_index]
         return min(matches) if matches else None
 
     # ------------------------------------------------------------------ inputs
@@ -642,6 +647,7 @@ class RaftNode:
         self._heartbeat_elapsed += 1
         self._election_elapsed += 1
         for pr in self._progress.values():
+            pr.quiet_ticks += 1
             if pr.flow is _Flow.SNAPSHOT:
                 pr.snapshot_elapsed += 1
                 if pr.snapshot_elapsed >= self._election_ticks:
@@ -667,10 +673,10 @@ class RaftNode:
         if pr is None or m.frm == self.id:
             return  # not (or no longer) in the configuration
         if isinstance(m, AppendResp):
-            pr.recent_active = True
+            pr.recent_active, pr.quiet_ticks = True, 0
             self._handle_append_resp(m, pr)
         elif isinstance(m, HeartbeatResp):
-            pr.recent_active = True
+            pr.recent_active, pr.quiet_ticks = True, 0
             pr.probe_sent = False
             if pr.flow is _Flow.REPLICATE and self._window_full(pr) and pr.inflight:
                 pr.inflight_bytes -= pr.inflight.popleft()[1]
@@ -679,7 +685,7 @@ class RaftNode:
             if m.context in self._reads:
                 self._ack_read(m.frm, m.context)
         elif isinstance(m, InstallSnapshotResp):
-            pr.recent_active = True
+            pr.recent_active, pr.quiet_ticks = True, 0
             moved = pr.update(m.match_index)
             if pr.flow is _Flow.SNAPSHOT:
                 pr.become_probe()

@@ -67,6 +67,7 @@ __all__ = ["Application", "RaftDriver", "Transport"]
 log = Logger()
 
 _EARLY = (Append, Heartbeat)  # a leader sends these before its own save (see ``_process``)
+HOLD_MAX_S = 5.0  # longest a leader holds proposals for a lagging follower at a time
 
 IORunner = Callable[..., Deferred]
 
@@ -140,6 +141,7 @@ class RaftDriver:
         self.ready_count = 0
         self.compactions = 0
         self._taken: tuple[int, bytes] | None = None  # a snapshot waiting for slow followers
+        self._held_since: float | None = None  # proposals held for a slow follower since
         hs = getattr(storage, "hard_state", None)
         # (term, vote) as last saved: write-through only while a Ready leaves them alone.
         self._saved_vote = (hs.term, hs.vote) if hs is not None else (0, 0)
@@ -499,6 +501,29 @@ class RaftDriver:
 
         d.addCallback(taken).addBoth(done)
         return True
+
+    def follower_backlogged(self) -> bool:
+        """Whether the leader should hold new proposals a moment: a snapshot waits for a live
+        follower that lags (``_compact_taken``), and the Raft log is three quarters of the way
+        to the size at which it is compacted anyway, which would send that follower the whole
+        store. Three nodes sharing cores let one follower fall that far behind while the
+        other two commit; the snapshot transfers that followed (several a minute, each a copy
+        of the store) cut a cluster's throughput to a fifth. As Kafka's acks=all waits for
+        every in-sync replica, the leader then waits for the slowest live one, but never more
+        than ``HOLD_MAX_S`` at a time (a follower that stays behind gets a snapshot)."""
+        if self._taken is None or not self.is_leader():
+            self._held_since = None
+            return False
+        wal = getattr(self.storage, "wal_bytes", 0)
+        if wal < 1.5 * self._compact_bytes:
+            self._held_since = None
+            return False
+        now = self._clock.seconds()
+        if self._held_since is None:
+            self._held_since = now
+            log.info("holding proposals: a follower lags {n} entries behind",
+                     n=self.node.last_index - (self.node.slowest_follower() or 0))
+        return now - self._held_since < HOLD_MAX_S
 
     def _compact_taken(self, resume: bool = True) -> Any:
         """Compact to the snapshot taken last, once no follower the log can still catch up

@@ -516,8 +516,10 @@ class RaftProposer:
     def before_ready(self) -> None:
         """Driver hook, right before a Ready is cut: propose the outbox, in order; runs of
         small commands become one group entry (one index, one apply, per-command results)."""
-        outbox, self._outbox = self._outbox, []
         assert self.driver is not None
+        if self._outbox and self.driver.follower_backlogged():
+            return  # kept in order; the next ack (or tick) cuts another Ready and asks again
+        outbox, self._outbox = self._outbox, []
         if not self.driver.is_leader():
             for p in outbox:
                 self._submit(p)
