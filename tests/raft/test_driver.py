@@ -239,24 +239,38 @@ def test_a_lagging_follower_is_caught_up_by_a_snapshot(tmp_path):
     assert r.first_sequence == 61
 
 
-def test_a_leader_waits_for_a_live_follower_before_compacting_past_it(tmp_path):
-    """A follower a moment behind is caught up from the log, not sent the whole store: the
-    leader takes its snapshot but compacts to it only once that follower holds the entries."""
-    cl = Cluster(tmp_path, compact_entries=20, election_ticks=50)
+def _cut_off_follower(tmp_path: Path, channel: str,
+                      **raft: object) -> tuple[Cluster, ChannelStore, int, list]:
+    """A cluster with ``channel`` whose leader has one follower cut off from now on: the
+    cluster, the leader's store, the follower and the snapshots the leader sends from now."""
+    cl = Cluster(tmp_path, election_ticks=50, **raft)
     leader = cl.wait_leader()
     ls = cl.stores[leader]
     slow = next(i for i in cl.ids if i != leader)
-    cl.result(ls.create_channel("kafka.s"))
+    cl.result(ls.create_channel(channel))
     cl.run(0.5)
-    snapshots_sent: list = []
-    send = cl.net.nodes[leader].send
+    snapshots_sent = _snapshots_sent_by(cl, leader)
+    cl.net.down.add(slow)
+    return cl, ls, slow, snapshots_sent
+
+
+def _snapshots_sent_by(cl: Cluster, node: int) -> list:
+    """The InstallSnapshot messages ``node`` sends from now on (a spy on its transport)."""
+    sent: list = []
+    send = cl.net.nodes[node].send
 
     def counting_send(messages):
-        snapshots_sent.extend(m for m in messages if isinstance(m, InstallSnapshot))
+        sent.extend(m for m in messages if isinstance(m, InstallSnapshot))
         send(messages)
 
-    cl.net.nodes[leader].send = counting_send
-    cl.net.down.add(slow)
+    cl.net.nodes[node].send = counting_send
+    return sent
+
+
+def test_a_leader_waits_for_a_live_follower_before_compacting_past_it(tmp_path):
+    """A follower a moment behind is caught up from the log, not sent the whole store: the
+    leader takes its snapshot but compacts to it only once that follower holds the entries."""
+    cl, ls, slow, snapshots_sent = _cut_off_follower(tmp_path, "kafka.s", compact_entries=20)
     acks = []
     for i in range(60):  # one Raft entry each (proposals in one turn would share one)
         acks.append(ls.append_batch("kafka.s", batch(b"v%d" % i)))
@@ -625,21 +639,9 @@ def test_a_leader_holds_proposals_rather_than_send_a_lagging_follower_a_snapshot
     and sent the whole store, which starved the leader into elections. The leader now holds
     new proposals once its log is 1.5 windows long and a snapshot waits for that follower,
     and lets them go as soon as it has caught up: no snapshot transfer, nothing lost."""
-    cl = Cluster(tmp_path, compact_entries=100_000, compact_bytes=60_000, election_ticks=50)
-    leader = cl.wait_leader()
-    ls = cl.stores[leader]
-    slow = next(i for i in cl.ids if i != leader)
-    cl.result(ls.create_channel("kafka.h"))
-    cl.run(0.5)
-    snapshots_sent: list = []
-    send = cl.net.nodes[leader].send
-
-    def counting_send(messages):
-        snapshots_sent.extend(m for m in messages if isinstance(m, InstallSnapshot))
-        send(messages)
-
-    cl.net.nodes[leader].send = counting_send
-    cl.net.down.add(slow)
+    cl, ls, slow, snapshots_sent = _cut_off_follower(tmp_path, "kafka.h",
+                                                     compact_entries=100_000,
+                                                     compact_bytes=60_000)
     acks = []
     for i in range(80):
         acks.append(ls.append_batch("kafka.h", batch(b"%04d" % i + b"x" * 2000)))
