@@ -1029,14 +1029,19 @@ class GroupCoordinator:
     # --- offsets ------------------------------------------------------------------------
 
     def validate_commit(self, group_id: str, generation_id: int, member_id: str,
-                        instance_id: str | None) -> tuple[ErrorCode, ClassicGroup | None]:
-        """Kafka's OffsetCommit checks for a classic group; creates a group for simple commits."""
+                        instance_id: str | None, api_version: int = 9,
+                        ) -> tuple[ErrorCode, ClassicGroup | None]:
+        """Kafka's OffsetCommit checks for a classic group. A group that does not exist is
+        created (a "simple" group) for a commit with generation -1, whatever member id it
+        names; with a generation it is GROUP_ID_NOT_FOUND from v9 on, ILLEGAL_GENERATION
+        before (Kafka's OffsetMetadataManager.validateOffsetCommit)."""
         if not valid_group_id(group_id, allow_empty=True):
             return ErrorCode.invalid_group_id, None
         group = self.groups.get(group_id)
         if group is None:
-            if generation_id >= 0 or member_id or instance_id:
-                return ErrorCode.illegal_generation, None
+            if generation_id >= 0:
+                return (ErrorCode.group_id_not_found if api_version >= 9
+                        else ErrorCode.illegal_generation), None
             if not self._new_group_allowed():
                 return ErrorCode.group_max_size_reached, None
             group = self.groups[group_id] = ClassicGroup(group_id)

@@ -54,7 +54,8 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
                                          ctx.api_version)
     else:
         group_error, _ = c.validate_commit(request.group_id, generation, request.member_id,
-                                           getattr(request, "group_instance_id", None))
+                                           getattr(request, "group_instance_id", None),
+                                           ctx.api_version)
     now_ms = int(ctx.broker.reactor.seconds() * 1000)
     results: list[tuple[str, list[tuple[int, ErrorCode]]]] = []
     commits: list[tuple[str, int, CommittedOffset]] = []

@@ -431,7 +431,10 @@ def test_describe_list_delete() -> None:
 def test_offset_commit_validation() -> None:
     h = Harness()
     assert h.c.validate_commit("simple", -1, "", None)[0] is E.none
-    assert h.c.validate_commit("unknown", 3, "m", None)[0] is E.illegal_generation
+    assert h.c.validate_commit("unknown", 3, "m", None)[0] is E.group_id_not_found
+    assert h.c.validate_commit("unknown", 3, "m", None, api_version=8)[0] is \
+        E.illegal_generation
+    assert h.c.validate_commit("lone", -1, "m", None)[0] is E.none  # a simple group, as Kafka
     a, ja = h.new_member()
     result(ja)
     assert h.c.validate_commit("g", 1, a, None)[0] is E.rebalance_in_progress

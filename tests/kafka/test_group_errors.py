@@ -196,8 +196,14 @@ def test_offset_commit_fetch_delete(raw: RawClient) -> None:
     assert commit(raw, "simple", "ot", {9: 1}) == [E.unknown_topic_or_partition]
     assert commit(raw, "simple", "nope-topic", {0: 1}) == [E.unknown_topic_or_partition]
     assert commit(raw, "simple", "ot", {0: 6}, version=2) == [E.none]
+    # A group that does not exist: ILLEGAL_GENERATION before v9, GROUP_ID_NOT_FOUND from v9,
+    # and a commit with generation -1 creates a simple group whatever member id it names.
     assert commit(raw, "ghost-group", "ot", {0: 1}, generation=3, member="m") == [
         E.illegal_generation]
+    assert commit(raw, "ghost-group", "ot", {0: 1}, generation=3, member="m", version=9) == [
+        E.group_id_not_found]
+    assert commit(raw, "lone-group", "ot", {0: 4}, generation=-1, member="m", version=9) == [
+        E.none]
     member, gen = joined_member(raw, "managed", topics=("ot",))
     assert commit(raw, "managed", "ot", {0: 3}) == [E.unknown_member_id]
     assert commit(raw, "managed", "ot", {0: 3}, gen + 1, member) == [E.illegal_generation]
