@@ -32,10 +32,7 @@ def write_parts(transport: Any, parts: Sequence[Any], size: int) -> None:
         if sent == size:
             return
         parts = _after(parts, sent)
-    if len(parts) == 1 and type(parts[0]) is bytes:
-        transport.write(parts[0])
-    else:
-        transport.write(b"".join(parts))
+    transport.write(b"".join(parts))  # one ``bytes`` piece is passed on as it is, uncopied
 
 
 def _idle_tcp(transport: Any) -> bool:

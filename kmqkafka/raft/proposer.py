@@ -157,8 +157,8 @@ class _Pending:
 
     def __init__(self, d: Deferred, data: Any, durable: bool, deadline: float,
                  command: c.Command | None = None) -> None:
-        """``data``: the encoded command, or (``command`` given, a one-member cluster) its
-        pieces (``_encode_parts``), joined only if it has to cross the wire."""
+        """``data``: the encoded command, or (``command`` given, proposed on this node) its
+        pieces (``_encode_parts``), joined only to be forwarded to another node."""
         self.d = d
         self.data = data
         self.command = command
@@ -171,11 +171,18 @@ class _Pending:
 
 
 def _wire(p: _Pending) -> bytes:
-    """The encoded command as one bytes object (forwarding, a cluster's entries)."""
+    """The encoded command as one bytes object (forwarding to the leader)."""
     if p.command is not None:
         p.data = b"".join(p.data)
         p.command = None
     return p.data
+
+
+def _entry_data(p: _Pending) -> Any:
+    """A proposal as the data of its own Raft entry: a local command stays in its pieces
+    (``Gather``), which the log write, each follower's send and this node's apply (from the
+    command, no decode) all use without joining them; a forwarded one is its bytes."""
+    return Gather(p.data, p.command) if p.command is not None else p.data
 
 
 class RaftProposer:
@@ -492,10 +499,9 @@ class RaftProposer:
                                        "are refused until the daemon restarts and recovers"))
         d: Deferred = Deferred()
         deadline = self._clock.seconds() + self._timeout
-        # Keep the pieces (an Append's batch uncopied): a one-member cluster's entries never
-        # cross the wire and apply from the command itself; elsewhere they are joined exactly
-        # once, into the entry (a group's pieces straight into the group entry, ``_wire``
-        # otherwise).
+        # Keep the pieces (an Append's batch uncopied): a leader's own entry is written, sent
+        # to followers and applied from them (``_entry_data``); they are joined only for a
+        # group entry or to be forwarded to the leader (``_wire``).
         p = _Pending(d, _encode_parts(command), durable, deadline, command)
         self._live.append(p)
         if self._sweeper is None:
@@ -539,11 +545,8 @@ class RaftProposer:
     def _propose_one(self, p: _Pending) -> None:
         assert self.driver is not None
         node = self.driver.node
-        # A local command stays in its pieces: the log write, each follower's send and our
-        # own apply (from the command, no decode) all use them without joining them.
-        data = Gather(p.data, p.command) if p.command is not None else _wire(p)
         try:
-            index = node.propose(data)
+            index = node.propose(_entry_data(p))
         except ProposalDropped:
             self._parked.append(p)
             return
@@ -598,7 +601,7 @@ class RaftProposer:
             return
         if self.driver.is_leader():
             try:
-                index = self.driver.propose(_wire(p))
+                index = self.driver.propose(_entry_data(p))
             except ProposalDropped:
                 self._parked.append(p)  # e.g. a leadership transfer; retried on change
                 return

@@ -111,10 +111,7 @@ class _Link(protocol.Protocol):
         for part in parts:
             size += len(part)
         head = _HEAD.pack(size, kind)
-        if len(parts) == 1:
-            self.transport.write(head + bytes(parts[0]))
-        else:
-            write_parts(self.transport, [head + bytes(parts[0]), *parts[1:]], size + 4)
+        write_parts(self.transport, [head + bytes(parts[0]), *parts[1:]], size + 4)
 
     def dataReceived(self, data: bytes) -> None:
         if self._raw_left:

@@ -27,10 +27,10 @@ import bisect
 import os
 import shutil
 import struct
-from typing import Any
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kmqkafka import records
 from kmqkafka.store import fsutil
