@@ -38,7 +38,7 @@ class Setting:
     option: str
     table: str
     key: str
-    kind: str  # "bool" | "port" | "port0" | "size" | "posint" | "str" | "path" | "optpath"
+    kind: str  # "bool" | "port" | "port0" | "size" | "posint" | "host" | "path" | "optpath"
     default: Any
     help: str
 
@@ -54,7 +54,7 @@ SETTINGS: tuple[Setting, ...] = (
             "tls_enable", "bool", None,
             "open the TLS Kafka listener (default: true when a TLS certificate is configured)"),
     Setting("kafka_advertised_host", "CONNECTORS_KAFKA_ADVERTISED_HOST", "kafka-advertised-host",
-            "kafka", "advertised_host", "str", None,
+            "kafka", "advertised_host", "host", None,
             "host given to clients in Metadata (default: bind host, 127.0.0.1 when binding all)"),
     Setting("kafka_advertised_port", "CONNECTORS_KAFKA_ADVERTISED_PORT", "kafka-advertised-port",
             "kafka", "advertised_port", "port0", 0,
@@ -87,12 +87,12 @@ SETTINGS: tuple[Setting, ...] = (
             "kafka-auto-create-topics", "kafka", "auto_create_topics", "bool", True,
             "create unknown topics on Metadata/Produce"),
     Setting("kafka_bind_host", "CONNECTORS_KAFKA_BIND_HOST", "kafka-bind-host", "kafka",
-            "bind_host", "str", "0.0.0.0", "interface the Kafka listeners bind"),
+            "bind_host", "host", "0.0.0.0", "interface the Kafka listeners bind"),
     Setting("data_dir", "KMQKAFKA_DATA_DIR", "data-dir", "server", "data_dir", "path",
             "./kmq-data", "directory of the channel store"),
     Setting("http_port", "KMQKAFKA_HTTP_PORT", "http-port", "server", "http_port", "port", 8080,
             "port of /metrics and /health"),
-    Setting("http_host", "KMQKAFKA_HTTP_HOST", "http-host", "server", "http_host", "str",
+    Setting("http_host", "KMQKAFKA_HTTP_HOST", "http-host", "server", "http_host", "host",
             "0.0.0.0", "interface the metrics/health site binds"),
     Setting("tls_cert", "KMQKAFKA_TLS_CERT", "tls-cert", "server", "tls_cert", "optpath", None,
             "PEM certificate (chain) of the server"),
@@ -106,7 +106,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Raft members, self included: id=raft_host:raft_port[/kafka_host:kafka_port],... "
             "(empty = a cluster of one)"),
     Setting("raft_bind_host", "KMQKAFKA_RAFT_BIND_HOST", "raft-bind-host", "server",
-            "raft_bind_host", "str", "", "interface the Raft port binds (default: own peer host)"),
+            "raft_bind_host", "host", "", "interface the Raft port binds (default: own peer host)"),
     Setting("raft_tick_ms", "KMQKAFKA_RAFT_TICK_MS", "raft-tick-ms", "server", "raft_tick_ms",
             "posint", 100, "Raft tick interval in milliseconds"),
     Setting("raft_election_ticks", "KMQKAFKA_RAFT_ELECTION_TICKS", "raft-election-ticks",
@@ -126,10 +126,31 @@ class Peer:
     kafka_port: int
 
 
+# The characters Kafka's listener parser takes in a host name (``SocketServerConfigs``' regex).
+_HOST_NAME = re.compile(r"[0-9A-Za-z\-%._]+")
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` cannot be a host name or IP address (IPv6 bare or in brackets), or None."""
+    inner = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if ":" in inner:
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            return "is not a host name or IP address (an IPv6 address, or host without :port)"
+        return None
+    if inner is not host or not _HOST_NAME.fullmatch(inner):
+        return "is not a host name or IP address"
+    return None
+
+
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or not host:
         raise ValueError(f"{text!r} is not host:port")
+    problem = host_problem(host)
+    if problem:
+        raise ValueError(f"host {host!r} {problem}")
     host = host.strip("[]")
     value = int(port)
     if not 1 <= value <= 65535:
@@ -253,8 +274,12 @@ def _parse(s: Setting, raw: Any) -> Any:
         raise bad("is not a string")
     if s.kind == "peers":
         return raw.strip()
-    if s.kind == "str":
-        return raw.strip()
+    if s.kind == "host":
+        text = raw.strip()
+        problem = text and host_problem(text)
+        if problem:
+            raise bad(problem)
+        return text
     text = raw.strip()
     if s.kind == "optpath" and text == "":
         return None

@@ -88,7 +88,23 @@ BAD_VALUES = [
     ("CONNECTORS_KAFKA_PORT", "9_092"),                     # Python's int() takes it
     ("CONNECTORS_KAFKA_MAX_MESSAGE_BYTES", "4294967296"),   # past a Java int, as in Kafka
     ("CONNECTORS_KAFKA_MAX_CONNECTIONS", "1" + "0" * 20),
+    ("CONNECTORS_KAFKA_ADVERTISED_HOST", "bad host"),        # clients could never reach it
+    ("CONNECTORS_KAFKA_ADVERTISED_HOST", "kafka:9092"),      # Kafka's own parser takes it as
+    ("CONNECTORS_KAFKA_BIND_HOST", "host/8"),                # an IPv6 address only in [...]
+    ("KMQKAFKA_HTTP_HOST", "[::1"),
+    ("KMQKAFKA_PEERS", "1=bad host:19001"),
 ]
+
+
+@pytest.mark.parametrize("name,value", [
+    ("CONNECTORS_KAFKA_ADVERTISED_HOST", "broker-1.example.com"),
+    ("CONNECTORS_KAFKA_ADVERTISED_HOST", "::1"),
+    ("CONNECTORS_KAFKA_BIND_HOST", "[::]"),
+    ("CONNECTORS_KAFKA_BIND_HOST", ""),
+    ("KMQKAFKA_PEERS", "1=[::1]:19001/[::1]:9092"),
+])
+def test_host_names_and_addresses_are_accepted(name: str, value: str) -> None:
+    load_settings({}, {name: value})
 
 
 @pytest.mark.parametrize("name,value", BAD_VALUES)
