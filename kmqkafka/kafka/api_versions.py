@@ -19,6 +19,7 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import RequestContext
 
 API_KEY = 18
+PRODUCE_API_KEY = 0
 MIN_VERSION = 0
 MAX_VERSION = 4
 
@@ -26,11 +27,18 @@ MAX_VERSION = 4
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
+# Produce is listed from v0 although v0-v2 are refused (their connection is closed), as Kafka
+# 4 lists it (KAFKA-18659): librdkafka before 2.10 turns gzip, snappy and lz4 off, silently,
+# against a broker whose Produce range does not start at 0 (Debian's kcat is one).
+_LISTED_MIN = {PRODUCE_API_KEY: 0}
+
+
 def build_response(dispatcher: Dispatcher, version: int, error: ErrorCode) -> Any:
     """The ApiVersions response of ``version`` listing ``dispatcher.advertised()``."""
     module = load_payload_module(API_KEY, version, EntityType.response)
     keys = tuple(
-        module.ApiVersion(api_key=i16(k), min_version=i16(lo), max_version=i16(hi))
+        module.ApiVersion(api_key=i16(k), min_version=i16(_LISTED_MIN.get(k, lo)),
+                          max_version=i16(hi))
         for k, lo, hi in dispatcher.advertised()
     )
     kwargs: dict[str, Any] = {"error_code": error, "api_keys": keys}

@@ -19,6 +19,8 @@ from typing import Any, Iterator
 import pytest
 from conftest import BrokerProcess, start_broker
 
+from kmqkafka import records
+
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
 aiokafka = pytest.importorskip("aiokafka")
@@ -251,6 +253,26 @@ def test_every_codec_round_trips_across_libraries(broker: BrokerProcess, produce
                 assert ts == t, (where, offset)
             else:
                 assert ts > TS0
+
+
+CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+
+
+def test_every_producer_really_compresses_with_the_codec_asked_for(
+        broker: BrokerProcess, produced: dict) -> None:
+    """The stored batches carry the codec: a client that quietly sent them uncompressed (as
+    librdkafka < 2.10 does when Produce is not listed from v0) would still round-trip."""
+    from test_produce_fetch import Raw, fetch, parts_of
+
+    raw = Raw(broker)
+    try:
+        for (producer, codec), (topic, _rows) in produced.items():
+            blob = bytes(parts_of(fetch(raw, topic, {0: 0}))[0].records or b"")
+            batches = [h for _pos, h in records.split_batches(blob)]
+            assert batches, (producer, codec)
+            assert {h.compression for h in batches} == {CODEC_IDS[codec]}, (producer, codec)
+    finally:
+        raw.close()
 
 
 def test_fifty_thousand_records_in_order_with_dense_offsets(broker: BrokerProcess) -> None:
