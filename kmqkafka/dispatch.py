@@ -205,12 +205,6 @@ class Dispatcher:
 
         return decorate
 
-    def wrap(self, api_key: int, wrapper: Callable[[Handler], Handler]) -> None:
-        """Replace a registered handler by ``wrapper(handler)`` (cross-cutting concerns
-        such as quotas); the advertised versions do not change."""
-        reg = self._registry[api_key]
-        self._registry[api_key] = dataclasses.replace(reg, handler=wrapper(reg.handler))
-
     def wrap(self, api_key: int, wrapper: Callable[[Handler], Handler]) -> bool:
         """Replace a registered handler by ``wrapper(handler)`` (same versions): the hook for
         routing an area's API elsewhere, e.g. leader-only APIs in a cluster. False if the key

@@ -559,7 +559,7 @@ def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(FIND_COORDINATOR, find_coordinator, 0, 6)
     dispatcher.register(JOIN_GROUP, coordinated(join_group), 0, 9, wait_only=True)
-    dispatcher.register(HEARTBEAT, coordinated(heartbeat), 0, 4)
+    dispatcher.register(HEARTBEAT, coordinated(heartbeat, _heartbeat_error), 0, 4)
     dispatcher.register(LEAVE_GROUP, coordinated(leave_group), 0, 5)
     dispatcher.register(SYNC_GROUP, coordinated(sync_group), 0, 5, wait_only=True)
     dispatcher.register(DESCRIBE_GROUPS, coordinated(describe_groups, _describe_error), 0, 6)
@@ -569,6 +569,15 @@ def register(dispatcher: Dispatcher) -> None:
     # committed offsets: both belong on the coordinator.
     dispatcher.wrap(CREATE_PARTITIONS, leader_routed)
     dispatcher.wrap(DELETE_TOPICS, leader_routed)
+
+
+def _heartbeat_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+    """A new leader still loading its groups answers a Heartbeat with NONE, as Kafka's
+    coordinators do ("respond blindly"): kafka-python and aiokafka have no case for
+    COORDINATOR_LOAD_IN_PROGRESS there, and aiokafka's consumer dies of it."""
+    if code is ErrorCode.coordinator_load_in_progress:
+        code = ErrorCode.none
+    return top_level_error(request, ctx, code)
 
 
 def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:

@@ -3,9 +3,13 @@ after its barrier write, and a node that stops leading drops coordinator state (
 get NOT_COORDINATOR). Plus the forwarded client-id wrapping."""
 from __future__ import annotations
 
+from datetime import timedelta
 from types import SimpleNamespace
 
 from kio.schema.errors import ErrorCode
+from kio.schema.heartbeat.v4.request import HeartbeatRequest
+from kio.schema.join_group.v9.request import JoinGroupRequest
+from kio.static.primitive import i32, i32Timedelta
 from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -13,8 +17,9 @@ from twisted.internet.task import Clock
 from kmqkafka.config import Settings
 from kmqkafka.coordinators.group import JoinRequest
 from kmqkafka.coordinators.offsets import CommittedOffset
+from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import groups, identity
-from kmqkafka.kafka.context import Broker
+from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.forward import unwrap, wrap
 from kmqkafka.raft.proposer import Member
@@ -110,6 +115,33 @@ def test_leader_serves_only_after_its_barrier_and_a_deposed_leader_releases_park
     store.barriers[-1].callback(0)
     assert coordination.serving()
     assert broker.extras["groups"].fetch_offsets("other")[("t", 0)].offset == 7
+
+
+def test_a_loading_leader_answers_heartbeat_none_and_join_load_in_progress():
+    """Kafka's coordinators answer a Heartbeat "blindly" with NONE while the group loads
+    (aiokafka's consumer dies of COORDINATOR_LOAD_IN_PROGRESS there); JoinGroup and the
+    others get COORDINATOR_LOAD_IN_PROGRESS and are retried."""
+    broker, store, clock = make_broker()
+    dispatcher = Dispatcher()
+    groups.register(dispatcher)
+    store.leader = 1
+    clock.advance(0.1)
+    assert not broker.extras["coordination"].serving()  # its barrier has not passed
+
+    def call(api_key: int, version: int, request: object) -> object:
+        ctx = RequestContext(api_key=api_key, api_version=version, correlation_id=1,
+                             client_id="c", response_type=dispatcher.response_type(api_key, version),
+                             broker=broker)
+        return dispatcher.lookup(api_key).handler(request, ctx)
+
+    beat = call(groups.HEARTBEAT, 4, HeartbeatRequest(
+        group_id="g", generation_id=i32(1), member_id="m", group_instance_id=None))
+    assert beat.error_code is ErrorCode.none
+    join = call(groups.JOIN_GROUP, 9, JoinGroupRequest(
+        group_id="g", session_timeout=i32Timedelta.parse(timedelta(seconds=10)),
+        rebalance_timeout=i32Timedelta.parse(timedelta(seconds=10)), member_id="",
+        group_instance_id=None, protocol_type="consumer", protocols=(), reason=None))
+    assert join.error_code is ErrorCode.coordinator_load_in_progress
 
 
 def test_find_coordinator_and_metadata_name_the_raft_leader():
