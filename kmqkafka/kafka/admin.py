@@ -118,6 +118,9 @@ def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool,
         raise KafkaError(ErrorCode.invalid_replication_factor,
                          "Replication factor must be larger than 0, or -1 to use the default "
                          "value.")
+    elif t.num_partitions == 0 or t.num_partitions < -1:
+        raise KafkaError(ErrorCode.invalid_partitions,
+                         "Number of partitions was set to an invalid non-positive value.")
     elif t.replication_factor > brokers:
         raise KafkaError(ErrorCode.invalid_replication_factor,
                          f"Unable to replicate the partition {t.replication_factor} time(s): "
@@ -204,7 +207,7 @@ def delete_topics(request: Any, ctx: RequestContext) -> Deferred:
         elif topic_id in dup_ids:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic id."))
         else:
-            work.append(_outcome(lambda n=name, i=topic_id: _delete_one(topics, n, i)))
+            work.append(_outcome(lambda n=name, i=topic_id: _delete_retrying(topics, n, i)))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _delete_response(ctx, entries, outcomes))
 
@@ -217,6 +220,11 @@ def _delete_one(topics: TopicCatalog, name: str | None, topic_id: uuid.UUID | No
                              "This server does not host this topic ID.")
         name = found.name
     return topics.delete(name)
+
+
+def _delete_retrying(topics: TopicCatalog, name: str | None,
+                     topic_id: uuid.UUID | None) -> Deferred:
+    return topics.retrying(lambda: _delete_one(topics, name, topic_id))
 
 
 def _delete_response(ctx: RequestContext, entries: list[tuple[str | None, uuid.UUID | None]],
@@ -250,7 +258,8 @@ def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
         if t.name in dup:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))
         else:
-            work.append(_outcome(lambda t=t: _grow_one(topics, t, me, request.validate_only)))
+            work.append(_outcome(lambda t=t: topics.retrying(
+                lambda: _grow_one(topics, t, me, request.validate_only))))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _partitions_response(ctx, names, outcomes))
 

@@ -14,6 +14,7 @@ environment, options or the TOML file. Other resource types are INVALID_REQUEST.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -339,13 +340,21 @@ def incremental_alter_configs(request: Any, ctx: RequestContext) -> Deferred:
 
 def _alter(request: Any, ctx: RequestContext, *, incremental: bool) -> Deferred:
     topics: TopicCatalog = ctx.broker.extras["topics"]
+    seen = Counter((res.resource_type, res.resource_name) for res in request.resources)
     work = [
-        _outcome(lambda res=res: _alter_resource(ctx, topics, res, incremental,
-                                                 request.validate_only))
+        _outcome(lambda res=res: topics.retrying(
+            lambda: _alter_resource(ctx, topics, res, incremental, request.validate_only)))
+        if seen[(res.resource_type, res.resource_name)] == 1 else
+        _outcome(lambda: _refuse(KafkaError(ErrorCode.invalid_request,
+                                            "Each resource must appear at most once.")))
         for res in request.resources
     ]
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _alter_response(ctx, request.resources, outcomes))
+
+
+def _refuse(error: KafkaError) -> None:
+    raise error
 
 
 def _outcome(work: Any) -> Deferred:
@@ -384,6 +393,10 @@ def _alter_resource(ctx: RequestContext, topics: TopicCatalog, res: Any, increme
         raise KafkaError(ErrorCode.unknown_topic_or_partition,
                          f"The topic '{res.resource_name}' does not exist.")
     if not incremental:
+        nulls = [c.name for c in res.configs if c.value is None]
+        if nulls:  # AlterConfigs replaces the whole set: a null would quietly drop it
+            raise KafkaError(ErrorCode.invalid_request,
+                             f"Null value not supported for : {', '.join(nulls)}")
         wanted = {c.name: c.value for c in res.configs}
         return topics.set_configs(topic.name, wanted, replace=True, validate_only=validate_only)
     changes: dict[str, str | None] = {}

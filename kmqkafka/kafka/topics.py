@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from kmqkafka.kafka.errors import KafkaError
 from kmqkafka.store import commands as c
@@ -271,6 +272,9 @@ def partition_budget(max_connections: int) -> int:
     return max(16, soft - max_connections - 512)
 
 
+RACE_TRIES = 16  # catalog writes in a row one change may lose to others (``retrying``)
+
+
 class TopicCatalog:
     """Create, grow, reconfigure, delete and look up topics. Reactor thread only."""
 
@@ -414,8 +418,23 @@ class TopicCatalog:
                 raise KafkaError(ErrorCode.invalid_topic_exception,
                                  f"Topic '{name}' collides with existing topic: {other}")
 
+    def retrying(self, attempt: Callable[[], Any], tries: int = RACE_TRIES) -> Deferred:
+        """``attempt()``, run again on the catalog as it now is while its write loses the
+        race to another change of the same topic (the write's ``expect`` no longer holds):
+        Kafka's controller applies such changes one after the other, so both succeed there,
+        or the later one fails on the state the first left. ``attempt``'s own errors pass
+        through; after ``tries`` lost races the answer is UNKNOWN_SERVER_ERROR."""
+        def lost(failure: Failure) -> Any:
+            failure.trap(KeyConflict)
+            if tries <= 1:
+                raise _CHANGED
+            return self.retrying(attempt, tries - 1)
+
+        return maybeDeferred(attempt).addErrback(lost)
+
     def add_partitions(self, name: str, count: int, *, validate_only: bool = False) -> Deferred:
-        """Grow a topic to ``count`` partitions under the seed's increase-only rules."""
+        """Grow a topic to ``count`` partitions under the seed's increase-only rules. Its write
+        fails with ``KeyConflict`` if the topic changed meanwhile: run it under ``retrying``."""
         topic = self.require(name)
         if count > MAX_PARTITIONS:
             raise KafkaError(ErrorCode.invalid_partitions,
@@ -434,7 +453,6 @@ class TopicCatalog:
         cmds += [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
                  for p in range(topic.partitions, count)]
         d = self._store.propose(c.Batch(tuple(cmds)))
-        d.addErrback(_conflict_as, _CHANGED)
         return d.addCallback(lambda _r: self._notify(self._grown_listeners, grown,
                                                    "partitions-added"))
 
@@ -442,7 +460,8 @@ class TopicCatalog:
         self, name: str, configs: Mapping[str, str | None], *, replace: bool,
         validate_only: bool = False,
     ) -> Deferred:
-        """AlterConfigs (``replace=True``: unspecified go back to defaults) or incremental."""
+        """AlterConfigs (``replace=True``: unspecified go back to defaults) or incremental.
+        ``KeyConflict`` if the topic changed meanwhile: run it under ``retrying``."""
         topic = self.require(name)
         if replace:
             merged = {k: v for k, v in configs.items() if v is not None}
@@ -461,10 +480,10 @@ class TopicCatalog:
         cmds: list[c.Command] = [self._put(updated, expect=self._raw(name))]
         cmds += [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
         d = self._store.propose(c.Batch(tuple(cmds)))
-        d.addErrback(_conflict_as, _CHANGED)
         return d.addCallback(lambda _r: updated)
 
     def delete(self, name: str) -> Deferred:
+        """Delete a topic. ``KeyConflict`` if it changed meanwhile: run it under ``retrying``."""
         topic = self.require(name)
         key = _KEY_PREFIX + name.encode()
         cmds: list[c.Command] = [c.KeyedPut(CONFIG_FAMILY, ((key, None),), self._store.now_ms(),
@@ -472,7 +491,6 @@ class TopicCatalog:
         cmds += [c.DeleteChannel(ch, missing_ok=True) for ch in topic.channels()]
         self._cache.pop(name, None)
         d = self._store.propose(c.Batch(tuple(cmds)))
-        d.addErrback(_conflict_as, _CHANGED)
         return d.addCallback(lambda _r: self._notify(self._deleted_listeners, topic,
                                                    "topic-deleted"))
 
@@ -487,7 +505,8 @@ class TopicCatalog:
 
 
 _CHANGED = KafkaError(ErrorCode.unknown_server_error,
-                      "the topic was changed concurrently by another request; retry")
+                      f"the topic was changed concurrently by other requests {RACE_TRIES} "
+                      "times; retry")
 
 
 def _conflict_as(failure: Any, error: KafkaError) -> Any:

@@ -225,6 +225,42 @@ def test_create_partitions_seed_rules_and_messages(admin: AdminClient) -> None:
     assert partitions_of(admin, "cp-max") == 256
 
 
+def test_concurrent_create_partitions_are_applied_in_turn(kafka: BrokerProcess,
+                                                           admin: AdminClient) -> None:
+    """As Kafka's controller: 3 then 5 both succeed; 5 then 3 leaves 3 INVALID_PARTITIONS.
+    Never UNKNOWN_SERVER_ERROR for the one whose write lost the race."""
+    from kio.schema.create_partitions.v3.request import (
+        CreatePartitionsRequest, CreatePartitionsTopic,
+    )
+
+    for round_ in range(3):
+        name = f"cp-race-{round_}-{uuid.uuid4().hex[:6]}"
+        admin.create_topics([NewTopic(name, 1)])[name].result(WAIT)
+        grow = [CreatePartitionsRequest(topics=(CreatePartitionsTopic(
+            name=name, count=n, assignments=None),), timeout=TIMEOUT, validate_only=False)
+            for n in (3, 5)]
+        clients = [RawClient(kafka.kafka_port, timeout=WAIT) for _ in grow]
+        try:
+            for c, r in zip(clients, grow):
+                c.send(r)
+            codes = [c.receive(r).results[0].error_code for c, r in zip(clients, grow)]
+        finally:
+            for c in clients:
+                c.close()
+        assert codes in ([ErrorCode.none, ErrorCode.none],
+                         [ErrorCode.invalid_partitions, ErrorCode.none]), codes
+        assert partitions_of(admin, name) == 5
+
+
+def test_create_topics_with_no_or_negative_partitions_is_invalid_partitions(
+        kafka: BrokerProcess, admin: AdminClient) -> None:
+    code, _message = error_of(admin.create_topics([NewTopic("ct-count-0", 0)])["ct-count-0"])
+    assert code == ErrorCode.invalid_partitions.value
+    assert create(kafka, "ct-count-2", -2).error_code == ErrorCode.invalid_partitions  # raw:
+    assert not {"ct-count-0", "ct-count-2"} & set(admin.list_topics(timeout=WAIT).topics)
+    # confluent-kafka refuses -2 itself
+
+
 def test_create_partitions_validate_only_reports_without_change(admin: AdminClient) -> None:
     admin.create_topics([NewTopic("cp-dry", 2)])["cp-dry"].result(WAIT)
     fs = admin.create_partitions([NewPartitions("cp-dry", 4)], validate_only=True)
