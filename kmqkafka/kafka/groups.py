@@ -472,25 +472,15 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
     out = []
     ops = operations(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
     for group_id in request.groups:
-        view = cg.describe(group_id) if cg is not None else None
-        if view is not None:
-            # A consumer (KIP-848) group: shown with its type, members without classic
-            # metadata or assignment bytes (ConsumerGroupDescribe has those).
-            members = tuple(
-                make(t.DescribedGroupMember, member_id=m.member_id,
-                     group_instance_id=m.instance_id, client_id=m.client_id,
-                     client_host=m.client_host, member_metadata=b"", member_assignment=b"")
-                for m in view.members)
-            out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
-                            group_id=group_id, group_state=view.state,
-                            protocol_type="consumer", protocol_data=view.assignor,
-                            members=members, authorized_operations=ops))
-            continue
-        described = c.describe(group_id)
+        # A consumer (KIP-848) group is not a classic group: Kafka describes it Dead, with
+        # GROUP_ID_NOT_FOUND from v6 on (ConsumerGroupDescribe describes it).
+        not_classic = cg is not None and cg.describe(group_id) is not None
+        described = None if not_classic else c.describe(group_id)
         if described is None:
             code = ErrorCode.group_id_not_found if ctx.api_version >= 6 else ErrorCode.none
+            why = "is not a classic group" if not_classic else "not found"
             out.append(make(t.DescribedGroup, error_code=code,
-                            error_message=f"Group {group_id} not found." if ctx.api_version >= 6
+                            error_message=f"Group {group_id} {why}." if ctx.api_version >= 6
                             else None,
                             group_id=group_id, group_state="Dead", protocol_type="",
                             protocol_data="", members=(),

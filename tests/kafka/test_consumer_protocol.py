@@ -118,6 +118,7 @@ def test_two_members_split_partitions_and_describe_shows_them(kmq: BrokerProcess
                            for m in desc.members)
         assert sorted(sorted(o) for o in owned) == described
         assert {tp.topic for m in desc.members for tp in m.assignment.topic_partitions} == {"cp2"}
+        assert_not_classic(kmq, "g2")
     finally:
         a.close()
         b.close()
@@ -160,6 +161,21 @@ def test_an_empty_group_moves_between_protocols_keeping_its_offsets(kmq: BrokerP
             c.commit(asynchronous=False)
         finally:
             c.close()
+
+
+def assert_not_classic(b: BrokerProcess, group: str) -> None:
+    """The classic DescribeGroups answers for a KIP-848 group as Kafka's does: Dead and no
+    members, GROUP_ID_NOT_FOUND from v6 on (kafka-python and aiokafka describe with it)."""
+    from kio.schema.describe_groups.v5.request import DescribeGroupsRequest as V5
+    from kio.schema.describe_groups.v6.request import DescribeGroupsRequest as V6
+    from rawkafka import RawClient
+
+    with RawClient(b.kafka_port) as raw:
+        new = raw.call(V6(groups=(group,), include_authorized_operations=False)).groups[0]
+        old = raw.call(V5(groups=(group,), include_authorized_operations=False)).groups[0]
+    assert (new.error_code, new.error_message, new.group_state, new.members) == (
+        ck.KafkaError.GROUP_ID_NOT_FOUND, f"Group {group} is not a classic group.", "Dead", ())
+    assert (old.error_code, old.group_state, old.protocol_type, old.members) == (0, "Dead", "", ())
 
 
 def test_group_state_survives_a_daemon_restart(kmq: BrokerProcess) -> None:
