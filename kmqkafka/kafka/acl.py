@@ -10,6 +10,7 @@ ELECTION_NOT_NEEDED, as Kafka does when the preferred replica already leads.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -93,14 +94,20 @@ def elect_leaders(request: Any, ctx: RequestContext) -> Any:
 
 def describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
     """No SCRAM users exist: all users (null or empty) is an empty answer; a named user is
-    RESOURCE_NOT_FOUND, as Kafka reports one without credentials."""
+    RESOURCE_NOT_FOUND, as Kafka reports one without credentials, and a user named twice is
+    one DUPLICATE_RESOURCE row."""
     t = types_of(ctx)
+    named = Counter(u.name for u in request.users or ())
     results = tuple(
-        make(t.DescribeUserScramCredentialsResult, user=u.name,
-             error_code=ErrorCode.resource_not_found,
-             error_message=f"Attempt to describe a user credential that does not exist: {u.name}",
-             credential_infos=())
-        for u in request.users or ())
+        make(t.DescribeUserScramCredentialsResult, user=name,
+             error_code=ErrorCode.resource_not_found, credential_infos=(),
+             error_message=f"Attempt to describe a user credential that does not exist: {name}")
+        if count == 1 else
+        make(t.DescribeUserScramCredentialsResult, user=name,
+             error_code=ErrorCode.duplicate_resource, credential_infos=(),
+             error_message=f"Cannot describe SCRAM credentials for the same user twice in a "
+                           f"single request: {name}")
+        for name, count in named.items())
     return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                 error_message=None, results=results)
 

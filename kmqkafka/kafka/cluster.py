@@ -25,7 +25,7 @@ from kmqkafka.store.names import channel_for
 
 DESCRIBE_LOG_DIRS, DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 35, 60, 75
 _ZERO_UUID = uuid.UUID(int=0)
-ENDPOINT_BROKERS = 1
+ENDPOINT_BROKERS, ENDPOINT_CONTROLLERS = 1, 2
 MAX_PARTITION_LIMIT = 2000
 """Kafka's ``max.request.partition.size.limit`` default: a response never holds more."""
 
@@ -42,10 +42,15 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     endpoint_type = getattr(request, "endpoint_type", ENDPOINT_BROKERS)
     if endpoint_type != ENDPOINT_BROKERS:
+        # Kafka: a controller-endpoint request sent to a broker is a mismatch; any other
+        # type is unsupported.
+        mismatch = endpoint_type == ENDPOINT_CONTROLLERS
         return make(ctx.response_type, throttle_time=NO_THROTTLE,
-                    error_code=ErrorCode.unsupported_endpoint_type,
-                    error_message="The broker does not support this endpoint type; it "
-                                  "serves only broker endpoints.",
+                    error_code=ErrorCode.mismatched_endpoint_type if mismatch
+                    else ErrorCode.unsupported_endpoint_type,
+                    error_message="The request was sent to an endpoint of type BROKER, but we "
+                                  "wanted an endpoint of type CONTROLLER" if mismatch else
+                                  f"Unsupported endpoint type {endpoint_type}",
                     endpoint_type=endpoint_type, cluster_id=identity.cluster_id(ctx.broker),
                     controller_id=-1, brokers=(), cluster_authorized_operations=NOT_REQUESTED)
     leader = identity.leader(ctx.broker)

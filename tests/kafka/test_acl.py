@@ -98,6 +98,16 @@ def test_no_scram_users(admin: AdminClient) -> None:
     assert failure(future).code() == 91  # RESOURCE_NOT_FOUND
 
 
+def test_a_user_named_twice_is_one_duplicate_resource_row(shared_broker: BrokerProcess) -> None:
+    from kio.schema.describe_user_scram_credentials.v0 import request as m
+    from rawkafka import RawClient
+
+    with RawClient(shared_broker.kafka_port) as raw:
+        answer = raw.call(m.DescribeUserScramCredentialsRequest(users=(
+            m.UserName(name="alice"), m.UserName(name="alice"), m.UserName(name="bob"))))
+    assert [(r.user, r.error_code) for r in answer.results] == [("alice", 92), ("bob", 91)]
+
+
 def test_elect_leaders_finds_nothing_to_elect(admin: AdminClient) -> None:
     topic = f"elect-{uuid.uuid4().hex[:6]}"
     admin.create_topics([NewTopic(topic, 2)])[topic].result(WAIT)

@@ -425,7 +425,11 @@ def test_describe_cluster(kafka: BrokerProcess, admin: AdminClient) -> None:
     assert not_asked.cluster_authorized_operations == -2147483648
     raw = call(kafka, 60, 2, include_cluster_authorized_operations=False, endpoint_type=2,
                include_fenced_brokers=False)
-    assert raw.error_code == ErrorCode.unsupported_endpoint_type
+    assert raw.error_code == ErrorCode.mismatched_endpoint_type  # CONTROLLER, asked of a broker
+    for unknown in (0, 3):
+        raw = call(kafka, 60, 2, include_cluster_authorized_operations=False,
+                   endpoint_type=unknown, include_fenced_brokers=False)
+        assert raw.error_code == ErrorCode.unsupported_endpoint_type
 
 
 def test_describe_topics_through_confluent(admin: AdminClient) -> None:
