@@ -410,11 +410,13 @@ def build_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     offset_deltas: Sequence[int] | None = None,
+    last_offset_delta: int | None = None,
 ) -> bytes:
     """Encode records as one RecordBatch v2 (used for native writes and compaction).
 
-    A record without a timestamp gets ``now_ms``. ``offset_deltas`` lets
-    compaction keep each surviving record's original offset.
+    A record without a timestamp gets ``now_ms``. ``offset_deltas`` lets compaction keep
+    each surviving record's original offset, and ``last_offset_delta`` the batch's original
+    span (Kafka's cleaner keeps it: a producer's sequence range is read from it).
     """
     if not records:
         raise ValueError("a batch needs at least one record")
@@ -428,11 +430,27 @@ def build_batch(
     attrs = (attributes & ~COMPRESSION_MASK) | compression
     tail = bytearray(HEADER_SIZE - 21)
     struct.pack_into(
-        ">hiqqqhii", tail, 0, attrs, deltas[-1], base_ts, max(stamps),
+        ">hiqqqhii", tail, 0, attrs,
+        deltas[-1] if last_offset_delta is None else last_offset_delta, base_ts, max(stamps),
         producer_id, producer_epoch, base_sequence, len(records),
     )
     tail += payload
     head = struct.pack(">qiibI", base_offset, len(tail) + 9, 0, MAGIC_V2, crc32c(tail))
+    return head + bytes(tail)
+
+
+def empty_batch(header: BatchHeader) -> bytes:
+    """``header``'s batch with every record removed, as Kafka's cleaner leaves the last batch
+    of an active producer: same offsets, span, producer id/epoch and base sequence, both
+    timestamps the batch's max timestamp, no records, no compression."""
+    tail = bytearray(HEADER_SIZE - 21)
+    struct.pack_into(
+        ">hiqqqhii", tail, 0, header.attributes & ~COMPRESSION_MASK, header.last_offset_delta,
+        header.max_timestamp, header.max_timestamp, header.producer_id, header.producer_epoch,
+        header.base_sequence, 0,
+    )
+    head = struct.pack(">qiibI", header.base_offset, len(tail) + 9,
+                       header.partition_leader_epoch, MAGIC_V2, crc32c(tail))
     return head + bytes(tail)
 
 

@@ -10,12 +10,13 @@ For every key only the record with the highest Sequence survives; records with a
 null key are kept; tombstones (null value) are dropped once their batch's
 maxTimestamp is older than ``now - delete_retention_ms``; control batches are kept
 untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
-offset, codec, attributes, producer id/epoch, base sequence and leader epoch, with
-offset deltas that leave gaps. A batch left without records disappears; a segment
-may become an empty file (it is kept so log_start never moves). Batches of idempotent
-producers at or above the plan's ``producer_floor`` are kept untouched: restart rebuilds the
-producer state from their headers (producer_state.py), which must not change under it; they
-are cleaned once the floor has passed them. Output files are
+offset, span (last offset delta), codec, attributes, producer id/epoch, base sequence and
+leader epoch, with offset deltas that leave gaps. A batch left without records disappears;
+a segment may become an empty file (it is kept so log_start never moves). A batch of an
+idempotent producer at or above the plan's ``producer_floor`` left without records stays as
+an empty batch (Kafka's cleaner does this for a producer's last batch): restart rebuilds the
+producer state from those headers (producer_state.py), which must not change under it.
+Output files are
 ``{base:020d}.log.cleaned`` plus ``.index.cleaned`` / ``.timeindex.cleaned``.
 """
 
@@ -144,10 +145,7 @@ class CompactionPlan:
             for _pos, batch in iter_file_batches(src.fd, src.size):
                 header = records.read_header(batch)
                 keep: bytes | memoryview
-                if header.is_control or (
-                    floor is not None and header.producer_id >= 0
-                    and header.base_offset + 1 + header.last_offset_delta >= floor
-                ):
+                if header.is_control:
                     keep = batch
                 else:
                     recs = list(records.iter_records(batch))
@@ -159,12 +157,16 @@ class CompactionPlan:
                     removed += len(recs) - len(kept)
                     if len(kept) == len(recs):
                         keep = batch
-                    elif not kept:
-                        changed = True
-                        continue
-                    else:
+                    elif kept:
                         changed = True
                         keep = _rebuild(header, kept, self.now_ms)
+                    elif (floor is not None and header.producer_id >= 0
+                          and header.base_offset + 1 + header.last_offset_delta >= floor):
+                        changed = True  # the producer's state is read from this header
+                        keep = records.empty_batch(header)
+                    else:
+                        changed = True
+                        continue
                 max_ts = records.read_header(keep).max_timestamp
                 builder.add(records.read_header(keep).base_offset + 1 - src.base, written + len(pending), max_ts)
                 pending += keep
@@ -213,6 +215,7 @@ def _rebuild(header: records.BatchHeader, kept: list[records.Record], now_ms: in
         producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence,
         offset_deltas=[r.offset - header.base_offset for r in kept],
+        last_offset_delta=header.last_offset_delta,
     ))
     records.set_partition_leader_epoch(batch, header.partition_leader_epoch)
     return batch

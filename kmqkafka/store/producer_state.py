@@ -28,8 +28,9 @@ state at every segment roll; here an idle producer is forgotten once ``WINDOW`` 
 producers followed its last batch, and a retry that late is stored again. ``WINDOW`` (262,144
 records) trades that retry horizon (seconds even on a partition taking 100k records/s; a
 retry normally comes within one request timeout) against the start-up cost of the rebuild (at
-most that many batch headers read per partition). Compaction keeps the batches of idempotent
-producers above the floor as they are (``CompactionPlan``).
+most that many batch headers read per partition). Compaction keeps the headers of idempotent
+producers' batches above the floor (one left without records stays as an empty batch,
+``CompactionPlan``).
 
 "Sequence" (capital S, ``first_sequence``/``last_sequence``) is the store's position of a record
 (Kafka offset + 1); "seq" (``base_seq``/``last_seq``) is the producer's own sequence number.

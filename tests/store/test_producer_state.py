@@ -255,7 +255,12 @@ def test_delete_records_forgets_producers_whose_batches_are_gone(tmp_path: Path)
     log.close()
 
 
-def test_compaction_leaves_idempotent_batches_inside_the_window_alone(tmp_path: Path) -> None:
+def test_compaction_cleans_idempotent_batches_and_keeps_their_headers_in_the_window(
+        tmp_path: Path) -> None:
+    """Superseded records of an idempotent producer go like any others (kafka-python and
+    Java producers are idempotent by default); inside the window a batch left without
+    records stays as an empty batch, so the producer state read back from the headers, and
+    retries of those batches, are what they were."""
     config = SMALL.with_changes(cleanup_policy="compact")
     log = open_log(tmp_path, window=15, config=config)
     for i in range(12):  # same key everywhere: only the last record would survive
@@ -270,17 +275,24 @@ def test_compaction_leaves_idempotent_batches_inside_the_window_alone(tmp_path: 
     assert plan is not None and plan.producer_floor == floor
     log.install_compaction(plan.run())
     flush(log)
-    kept = [(r.offset + 1, h.producer_id) for h, r in (
-        (records.read_header(b), r) for b in log.read(1, 1 << 30).batches
-        for r in records.iter_records(b))]
-    assert all(seq >= floor for seq, pid in kept if pid == PID)
-    assert [seq for seq, pid in kept if pid == PID and seq >= floor] == \
-        [s for s in range(1, 25, 2) if s >= floor]
+    batches = [records.read_header(b) for b in log.read(1, 1 << 30).batches]
+    kept = [(r.offset + 1, h.producer_id) for h, b in zip(
+        batches, log.read(1, 1 << 30).batches) for r in records.iter_records(b)]
+    assert all(seq >= active_base for seq, pid in kept if pid == PID)  # cleaned
     assert len(kept) < 24
+    mine = [h for h in batches if h.producer_id == PID]
+    assert [h.base_offset + 1 for h in mine] == [s for s in range(1, 25, 2) if s >= floor]
+    assert all(h.records_count == 0 for h in mine if h.base_offset + 1 < active_base)
+    assert all(h.last_offset_delta == 0 and h.base_sequence == (h.base_offset // 2)
+               for h in mine)
     before = {pid: list(e.batches) for pid, e in log.producers._entries.items()}
     log = reopen_log(log)
     after = {pid: list(e.batches) for pid, e in log.producers._entries.items()}
     assert after[PID] == [m for m in before[PID] if m.last_sequence >= log.producer_floor]
+    newest_cleaned = max(h.base_sequence for h in mine if h.base_offset + 1 < active_base)
+    assert newest_cleaned >= 7  # among the producer's last five batches: still a duplicate
+    seq = 2 * newest_cleaned + 1
+    assert log.append(idem(newest_cleaned, value=b"p" * 100), 0) == (seq, seq)
     log.close()
 
 
