@@ -383,10 +383,12 @@ def _log_start(store: Any, channel: str) -> int:
 
 
 def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:
-    b = store.bounds(channel)
+    """The append was applied. The topic may have been deleted right after it (before this
+    answer): the records were still stored, so NONE, with an unknown log start."""
     if result.duplicate:
         now_ms = result.max_timestamp  # as Kafka answers a duplicate (UnifiedLog.append)
-    return (index, ErrorCode.none, result.first_sequence - 1, b.log_start - 1, now_ms, None)
+    return (index, ErrorCode.none, result.first_sequence - 1, _log_start(store, channel),
+            now_ms, None)
 
 
 def _append_failed(failure: Any, index: int, channel: str) -> _Answer:

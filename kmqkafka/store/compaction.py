@@ -91,6 +91,9 @@ class CompactionPlan:
     # Batches with a producer id whose last Sequence is at or above this stay as they are
     # (None: no channel producer state to protect).
     producer_floor: int | None = None
+    # The ChannelLog that made the plan: a result is installed only into that very log, not
+    # into a channel of the same name created after a delete (same directory and bases).
+    owner: object = None
 
     def run(self) -> CompactionResult:
         """Build the key map, rewrite the segments that change, fsync the output."""

@@ -687,6 +687,7 @@ class ChannelLog:
             delete_retention_ms=self._config.delete_retention_ms,
             interval=self._config.index_interval_bytes,
             producer_floor=self.producer_floor if self.producers is not None else None,
+            owner=self,
         )
 
     def install_compaction(self, result: CompactionResult) -> int:

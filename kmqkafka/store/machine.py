@@ -441,10 +441,15 @@ class StateMachine:
         plans, self._pending_compactions = self._pending_compactions, []
         return plans
 
-    def install_compaction(self, name: str, result: Any) -> None:
+    def install_compaction(self, name: str, result: Any, owner: object) -> None:
+        """Install ``result`` into the channel whose log ``owner`` planned it; if the channel
+        was deleted (and maybe created again) meanwhile, the cleaned files are dropped."""
         ch = self.channels.get(name)
-        if ch is not None:
+        if ch is not None and ch is owner:
             ch.install_compaction(result)
+        else:
+            for cleaned in result.segments:
+                cleaned.discard()
 
     def _apply_QueueSend(self, cmd: c.QueueSend) -> list[int]:
         queue = self.queue(cmd.name)

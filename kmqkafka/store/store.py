@@ -371,7 +371,7 @@ class ChannelStore:
         d = self._run_cleaner(plan.run)
 
         def install(result: Any) -> bool:
-            self.machine.install_compaction(name, result)
+            self.machine.install_compaction(name, result, plan.owner)
             self._advanced(name)
             return True
 

@@ -903,3 +903,21 @@ def _produce_large_in_pieces(broker: BrokerProcess) -> None:
     assert values == [bytes([65 + b]) * 1000 + b"%06d" % i for b in range(3) for i in range(800)]
     assert list_offsets(raw, topic, {0: -1})[0].offset == 2400
     raw.close()
+
+
+def test_an_append_answered_after_its_topic_was_deleted_is_still_none() -> None:
+    """The delete applied between the append and its answer: the records were stored, so
+    the partition is NONE (log start unknown). The lookup used to raise, which closed the
+    client's connection, and librdkafka resent every request in flight on it (duplicates)."""
+    from types import SimpleNamespace
+
+    from kmqkafka.kafka import produce as produce_module
+    from kmqkafka.store.errors import ChannelNotFound
+
+    class Deleted:
+        def bounds(self, channel: str) -> None:
+            raise ChannelNotFound(channel)
+
+    result = SimpleNamespace(duplicate=False, first_sequence=8, max_timestamp=5)
+    answer = produce_module._appended(result, 0, "kafka.gone", Deleted(), 1234)
+    assert answer == (0, ErrorCode.none, 7, -1, 1234, None)

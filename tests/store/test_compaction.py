@@ -197,3 +197,40 @@ def test_a_pass_over_unchanged_segments_is_skipped_until_tombstones_may_expire(
     flush(log)
     assert log.compaction_plan(2_001) is not None   # new closed segments
     log.close()
+
+
+def test_a_pass_planned_before_a_delete_never_reaches_the_channel_created_after(
+        tmp_path: Path) -> None:
+    """The cleaner runs off the reactor: a topic deleted and created again meanwhile has the
+    same directory and segment bases, and got the old topic's cleaned segments installed."""
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.machine import StateMachine
+
+    machine = StateMachine(tmp_path)
+    machine.recover(0)
+    config = {"segment_bytes": 400, "index_interval_bytes": 100, "cleanup_policy": "compact"}
+    index = 1
+
+    def apply(cmd: c.Command) -> object:
+        nonlocal index
+        index += 1
+        return machine.apply(index, cmd)
+
+    def fill(prefix: bytes) -> None:
+        apply(c.CreateChannel("kafka.t", "events", config))
+        for i in range(30):
+            apply(c.Append("kafka.t", 0, make_batch(1, key=b"k", values=[prefix + b"%d" % i])))
+        flush(machine.channels["kafka.t"])
+
+    fill(b"old")
+    assert apply(c.Compact("kafka.t", 0)) is True
+    ((name, plan),) = machine.take_compactions()
+    apply(c.DeleteChannel("kafka.t"))
+    fill(b"new")
+    result = plan.run()  # the cleaner thread, while the reactor went on
+    assert result.segments
+    machine.install_compaction(name, result, plan.owner)
+    log = machine.channels["kafka.t"]
+    assert [r.value for r in all_records(log)] == [b"new%d" % i for i in range(30)]
+    assert not list(log._dir.glob("*.cleaned"))
+    machine.close()
