@@ -585,10 +585,13 @@ class ChannelLog:
     # --- retention and prefix truncation ---------------------------------------
 
     def enforce_retention(self, now_ms: int) -> int:
-        """Drop whole closed segments by age, total bytes and message count (config.delete).
+        """Drop whole segments by age, total bytes and message count (config.delete).
 
-        Advances log_start to the first remaining segment's base; never renumbers.
-        Returns how many segments were dropped.
+        Advances log_start to the first remaining segment's base; never renumbers. The
+        active segment goes too once its newest record is past retention.ms (or the bytes
+        rule asks for it), as in Kafka: it is rolled first, so the log ends empty with
+        log_start = next. Only the log decides (timestamps, sizes): every Raft node drops
+        the same. Returns how many segments were dropped.
         """
         cfg = self._config
         if not cfg.delete:
@@ -609,6 +612,14 @@ class ChannelLog:
             total -= seg.size
             self._drop_first_segment()
             self._log_start = max(self._log_start, self._segments[0].base)
+            dropped += 1
+        seg = self._active
+        if len(self._segments) == 1 and seg.size and (
+                (cfg.retention_ms is not None and now_ms - seg.max_timestamp > cfg.retention_ms)
+                or (cfg.retention_bytes is not None and total - seg.size >= cfg.retention_bytes)):
+            self._roll()  # a dropped segment's pending index files go at their flush
+            self._drop_first_segment()
+            self._log_start = self._next
             dropped += 1
         if dropped:
             self._write_log_start()

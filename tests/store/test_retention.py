@@ -36,10 +36,27 @@ def test_retention_by_age_drops_old_closed_segments(tmp_path: Path) -> None:
     log.close()
 
 
-def test_retention_never_drops_the_active_segment(tmp_path: Path) -> None:
+def test_an_expired_active_segment_is_rolled_and_dropped_as_in_kafka(tmp_path: Path) -> None:
     log = _filled(tmp_path, ONE_PER_SEGMENT.with_changes(retention_ms=1))
-    assert log.enforce_retention(10**9) == 4
-    assert (log.segment_count, log.log_start, log.next_sequence) == (1, 41, 51)
+    assert log.enforce_retention(10**9) == 5
+    assert (log.segment_count, log.log_start, log.next_sequence) == (1, 51, 51)
+    assert log.read(51, 100).batches == []
+    assert log.enforce_retention(10**9) == 0  # an empty log stays as it is
+    assert log.append(make_batch(1, ts=10**9), 10**9) == (51, 51)
+    flush(log)
+    log = reopen(log)
+    assert (log.log_start, log.next_sequence) == (51, 52)
+    assert [r.offset + 1 for r in all_records(log)] == [51]
+    log.close()
+
+
+def test_a_young_active_segment_stays(tmp_path: Path) -> None:
+    log = ChannelLog.open(tmp_path, LogConfig(retention_ms=1_000), 0)
+    log.append(make_batch(10, ts=5_000), 5_000)
+    flush(log)
+    assert log.enforce_retention(5_900) == 0 and log.log_start == 1
+    assert log.enforce_retention(6_001) == 1
+    assert (log.log_start, log.next_sequence, log.segment_count) == (11, 11, 1)
     log.close()
 
 
