@@ -256,10 +256,16 @@ def _check_compaction_lags(merged: Mapping[str, str | None]) -> None:
                          f"max.compaction.lag.ms ({most})")
 
 
+# Descriptors a partition holds: its active segment's writer and reader, and one more for the
+# first closed segment's reader (its two index mappings hold one each too; Kafka needs as many,
+# hence LimitNOFILE in the unit file).
+FDS_PER_PARTITION = 3
+
+
 def partition_budget(max_connections: int) -> int:
     """Channels this process can keep open: its open-file limit (the soft limit is raised to
     the hard one first) less the Kafka connections allowed and a reserve for everything else
-    (indexes, the Raft log, snapshots, HTTP)."""
+    (the Raft log, snapshots, HTTP), over ``FDS_PER_PARTITION``."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         try:
@@ -269,7 +275,7 @@ def partition_budget(max_connections: int) -> int:
             pass
     if soft == resource.RLIM_INFINITY:
         return 1 << 30
-    return max(16, soft - max_connections - 512)
+    return max(16, (soft - max_connections - 512) // FDS_PER_PARTITION)
 
 
 RACE_TRIES = 16  # catalog writes in a row one change may lose to others (``retrying``)

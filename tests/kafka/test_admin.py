@@ -185,13 +185,14 @@ def test_kafka_internal_topic_names_are_never_user_topics(admin: AdminClient) ->
 
 
 def test_partitions_stop_at_what_the_open_file_limit_allows(tmp_path: Path) -> None:
-    """Each partition keeps a segment file open: with 1,600 descriptors and 1,000 connections
-    allowed, creates past the budget are POLICY_VIOLATION, and the broker keeps serving (it used
-    to run out of descriptors, fail its fsyncs and refuse every write, even after a restart)."""
+    """Each partition keeps segment files open: with 1,800 descriptors and 1,000 connections
+    allowed (96 partitions at 3 each), creates past the budget are POLICY_VIOLATION, and the
+    broker keeps serving (it used to run out of descriptors, fail its fsyncs and refuse every
+    write, even after a restart)."""
     import sys
 
     limit = ("import resource, os, sys; resource.setrlimit(resource.RLIMIT_NOFILE, "
-             "(1600, 1600)); os.execv(sys.argv[1], sys.argv[1:])")
+             "(1800, 1800)); os.execv(sys.argv[1], sys.argv[1:])")
     b = start_broker(tmp_path, prefix=[sys.executable, "-c", limit])
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
