@@ -65,8 +65,10 @@ class BrokerService(MultiService):
 
     def is_ready(self) -> bool:
         """True once the store has recovered and every listener is open, and until a failed
-        fsync makes the store refuse writes (for ``/health``)."""
-        return self.ready and not getattr(self.store, "failed", False)
+        fsync makes the store refuse writes; false too while the disk refuses writes (a full
+        disk), for ``/health``."""
+        return self.ready and not (getattr(self.store, "failed", False)
+                                   or getattr(self.store, "refusing_writes", False))
 
     def startService(self) -> None:
         super().startService()

@@ -106,3 +106,46 @@ def test_raft_port_refuses_a_peer_without_a_certificate_when_a_ca_is_set(tmp_pat
         assert p.flush(15) == 0
     finally:
         broker.stop()
+
+
+def test_a_disk_refusing_writes_shows_on_health_until_it_takes_them_again(
+        tmp_path: Path) -> None:
+    """Files may not grow past 1 MiB (RLIMIT_FSIZE: EFBIG, as a full disk gives ENOSPC): the
+    produce that would grow the segment is KAFKA_STORAGE_ERROR, /health says 503 meanwhile
+    (it said 200 while every produce was refused), reads go on, and a new file takes writes."""
+    import os
+    import sys
+    import time
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    limit = ("import resource, os, sys; resource.setrlimit(resource.RLIMIT_FSIZE, "
+             "(1 << 20, 1 << 20)); os.execv(sys.argv[1], sys.argv[1:])")
+    b = start_broker(tmp_path, prefix=[sys.executable, "-c", limit])
+    try:
+        p = Producer({"bootstrap.servers": b.bootstrap, "retries": 0, "linger.ms": 0,
+                      "message.timeout.ms": 10000})
+        errors: list = []
+        for _ in range(15):
+            p.produce("full", os.urandom(100_000), partition=0,
+                      on_delivery=lambda err, _msg: errors.append(err))
+            p.flush(15)
+        refused = [e for e in errors if e is not None]
+        assert refused and {e.code() for e in refused} == {KafkaError.KAFKA_STORAGE_ERROR}
+        assert b.health() == 503
+        c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "g"})
+        try:
+            c.assign([TopicPartition("full", 0, 0)])
+            first = c.consume(1, 10)
+            assert first and first[0].error() is None and first[0].offset() == 0
+        finally:
+            c.close()
+        p.produce("fresh", b"x", partition=0, on_delivery=lambda err, _msg: errors.append(err))
+        p.flush(15)
+        assert errors[-1] is None
+        deadline = time.monotonic() + 20
+        while b.health() != 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert b.health() == 200
+    finally:
+        b.stop()

@@ -278,6 +278,11 @@ class RaftProposer:
                                             and self.driver.failed is not None))
 
     @property
+    def refusing_writes(self) -> bool:
+        """The disk refused a write in the last few seconds (ENOSPC, EIO)."""
+        return self._write_errors.recent()
+
+    @property
     def transport(self) -> Any:
         """The Raft transport (None for a one-member cluster): Kafka's Metadata asks it which
         peers are live."""

@@ -121,16 +121,23 @@ class GroupCommit:
 
 class WriteErrorLog:
     """Logs refused disk writes at most once per 10 s, with the count since the last line:
-    a full disk refuses every produce."""
+    a full disk refuses every produce. ``recent`` (a write refused within the last 10 s) is
+    what ``/health`` reports while it lasts."""
+
+    RECENT_S = 10.0
 
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
         self._count = 0
         self._logged = float("-inf")
+        self._last = float("-inf")
+
+    def recent(self) -> bool:
+        return self._clock.seconds() - self._last < self.RECENT_S
 
     def report(self, exc: OSError) -> None:
         self._count += 1
-        now = self._clock.seconds()
+        now = self._last = self._clock.seconds()
         if now - self._logged >= 10:
             log.error("store write failed ({n} since the last report): {error}",
                       n=self._count, error=exc)
@@ -146,6 +153,11 @@ class LocalProposer:
         self._commit = GroupCommit(machine, clock, run_io)
         self._stopped = False
         self._write_errors = WriteErrorLog(clock)
+
+    @property
+    def refusing_writes(self) -> bool:
+        """The disk refused a write in the last few seconds (ENOSPC, EIO)."""
+        return self._write_errors.recent()
 
     @property
     def failed(self) -> bool:

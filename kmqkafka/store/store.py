@@ -153,6 +153,12 @@ class ChannelStore:
         group-commit fsync, or a Raft driver that stopped taking part)."""
         return bool(getattr(self._proposer, "failed", False))
 
+    @property
+    def refusing_writes(self) -> bool:
+        """True while the disk refuses writes (a write refused in the last few seconds, e.g.
+        a full disk): the store still serves reads and takes writes again once it can."""
+        return bool(getattr(self._proposer, "refusing_writes", False))
+
     def is_leader(self) -> bool:
         """True if this node orders commands (always, without Raft)."""
         check = getattr(self._proposer, "is_leader", None)
