@@ -171,8 +171,9 @@ class _Fetch:
             code = self.epoch_errors.get(key)
             if code is None:
                 channel = self._channel(key)
-                if channel is None:
-                    code = missing
+                if channel is None:  # Kafka: an unknown id, or a partition the topic lacks
+                    code = (missing if self._topic(key[0]) is None
+                            else ErrorCode.unknown_topic_or_partition)
             if code is not None:
                 results.append((key, code, -1, -1, [], 0))
                 errors = True

@@ -359,6 +359,12 @@ def test_produce_v13_addresses_topics_by_id(raw: Raw) -> None:
     got = fetch(raw, topic, {0: 1}, version=17, topic_id=topic_id)
     assert got.responses[0].topic_id == topic_id
     assert parts_of(got)[0].high_watermark == 2
+    # Kafka: UNKNOWN_TOPIC_ID only for an id it does not know; a partition the topic lacks is
+    # UNKNOWN_TOPIC_OR_PARTITION.
+    lacking = fetch(raw, topic, {5: 0}, version=17, topic_id=topic_id)
+    assert parts_of(lacking)[5].error_code is E.unknown_topic_or_partition
+    unknown = fetch(raw, topic, {0: 0}, version=17, topic_id=uuid.uuid4())
+    assert parts_of(unknown)[0].error_code is E.unknown_topic_id
 
 
 # --- Fetch ------------------------------------------------------------------------------------
