@@ -70,3 +70,12 @@ class Metrics:
             ["topic"],
             registry=registry,
         )
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop a deleted topic's series (as Kafka's BrokerTopicStats.removeMetrics): a
+        topic created again under the name counts from zero."""
+        for counter in (self.kafka_bytes_in, self.kafka_bytes_out):
+            try:
+                counter.remove(topic)
+            except KeyError:
+                pass

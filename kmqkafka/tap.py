@@ -83,6 +83,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     broker.extras["dispatcher"] = dispatcher
     broker.extras["topics"] = TopicCatalog(
         store, max_partitions=partition_budget(settings.kafka_max_connections))
+    broker.extras["topics"].on_deleted(lambda topic: metrics.forget_topic(topic.name))
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
     register_handlers(dispatcher)

@@ -33,3 +33,16 @@ def test_metrics_cover_requests_latency_connections_store_and_log_end(broker):
     assert metric(text, "kmqkafka_kafka_request_latency_seconds_count", api="produce") >= 1
     assert re.search(r"kmqkafka_kafka_connections(_open)?\S* [1-9]", text), "open connections gauge"
     assert metric(text, "kmqkafka_kafka_topic_bytes_in_total", topic="obs") > 1000
+
+
+def test_a_deleted_topic_leaves_metrics(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("obs-gone", 1)])["obs-gone"].result(15)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    p.produce("obs-gone", value=b"v" * 100)
+    assert p.flush(15) == 0
+    text = http_get(broker.http_port, "/metrics").decode()
+    assert metric(text, "kmqkafka_kafka_topic_bytes_in_total", topic="obs-gone") > 100
+    admin.delete_topics(["obs-gone"])["obs-gone"].result(15)
+    text = http_get(broker.http_port, "/metrics").decode()
+    assert 'topic="obs-gone"' not in text and "kafka.obs-gone" not in text
