@@ -184,7 +184,7 @@ class ChannelLog:
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig, now_ms: int, *,
-             producer_window: int = 0) -> "ChannelLog":
+             producer_window: int = 0, sync: bool = True) -> "ChannelLog":
         """Open (creating if needed) and recover a channel directory; blocking, start-up only.
 
         Recovery scans every segment that has no trustworthy index (always the last)
@@ -194,15 +194,18 @@ class ChannelLog:
         ``producer_window`` > 0 (Events Store channels: ``producer_state.WINDOW``) turns on the
         idempotent-producer checks in ``append``; the state is then rebuilt from the log's tail
         (``_rebuild_producers``). Every node of a cluster must use the same window.
+
+        ``sync=False`` (a channel just created, whose files the state machine's next flush
+        makes durable): nothing is fsynced here.
         """
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, config, producer_window)
-        log._recover(now_ms)
+        log._recover(now_ms, sync)
         if log.producers is not None:
             log._rebuild_producers()
         return log
 
-    def _recover(self, now_ms: int) -> None:
+    def _recover(self, now_ms: int, sync: bool = True) -> None:
         checkpoint = 0
         try:
             checkpoint = int((self._dir / LOG_START_FILE).read_text().strip() or 0)
@@ -264,9 +267,10 @@ class ChannelLog:
             seg.map_indexes()
         assert active is not None
         active.open_for_append(interval)
-        os.fdatasync(active.write_fd)
-        fsutil.fsync_dir(self._dir)
-        self._sync_dir = False
+        if sync:
+            os.fdatasync(active.write_fd)
+            fsutil.fsync_dir(self._dir)
+            self._sync_dir = False
         self._next = active.end
         self._durable = self._next
         self._log_start = min(max(checkpoint, self._segments[0].base), self._next)

@@ -108,6 +108,9 @@ class StateMachine:
         self._on_advance = on_advance or (lambda name: None)
         self._dead_letter = dead_letter
         self._pending_compactions: list[tuple[str, Any]] = []
+        # Replicated mode: Events channel directories created (or channels deleted) since the
+        # last flush, made durable by it before its checkpoint (``_FreshDirs``).
+        self._fresh = _FreshDirs(self.channels_dir)
 
     # --- start-up -------------------------------------------------------------------
 
@@ -130,14 +133,15 @@ class StateMachine:
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             kind_file = path / "kind"
-            if not kind_file.exists():
-                # A create that crashed before its catalog entry was durable.
+            kind = kind_file.read_text().strip() if kind_file.exists() else ""
+            if kind not in (KIND_EVENTS, KIND_QUEUE):
+                # A create that crashed before its files were durable (no kind, or one whose
+                # contents were lost): replaying the Raft log creates it again.
                 shutil.rmtree(path, ignore_errors=True)
                 continue
             name = self._channel_of(path)
             if dir_name(name) != entry:
                 path = self._rename_dir(path, name)
-            kind = (path / "kind").read_text().strip()
             if ckpt is not None and kind == KIND_EVENTS:
                 upto = ckpt.channels.get(name)
                 if upto is None:
@@ -188,7 +192,7 @@ class StateMachine:
         log.info("channel {channel}: directory renamed to {dir}", channel=name, dir=final.name)
         return final
 
-    def _open_channel(self, name: str, kind: str, now_ms: int) -> None:
+    def _open_channel(self, name: str, kind: str, now_ms: int, sync: bool = True) -> None:
         path = self.channels_dir / dir_name(name)
         config_path = path / "config.json"
         config = (
@@ -202,7 +206,7 @@ class StateMachine:
             )
         else:
             self.channels[name] = ChannelLog.open(path, config, now_ms,
-                                                  producer_window=PRODUCER_WINDOW)
+                                                  producer_window=PRODUCER_WINDOW, sync=sync)
 
     def _dead_letter_hook(self, name: str) -> Callable[[Any], None] | None:
         if self._dead_letter is None:
@@ -312,12 +316,21 @@ class StateMachine:
             shutil.rmtree(final)
         final.mkdir(parents=True)
         if is_shortened(final.name):
-            write_atomic(final / NAME_FILE, cmd.name.encode())
-        write_atomic(final / "config.json", config.to_json())
+            write_atomic(final / NAME_FILE, cmd.name.encode())  # recovery reads it first
+        # Replicated mode, Events channels: no fsync here (seven of them made a 256-partition
+        # CreateTopics hold the reactor for seconds). The next flush makes the files durable
+        # before its checkpoint names the channel; after a crash before that, recovery removes
+        # the directory and replaying the Raft log creates it again.
+        deferred = self.replicated and cmd.kind == KIND_EVENTS
+        write = _write_plain if deferred else write_atomic
+        write(final / "config.json", config.to_json())
         # The kind file is written last: its presence is what makes the channel exist.
-        write_atomic(final / "kind", cmd.kind.encode())
-        fsync_dir(self.channels_dir)
-        self._open_channel(cmd.name, cmd.kind, 0)
+        write(final / "kind", cmd.kind.encode())
+        if deferred:
+            self._fresh.add(final)
+        else:
+            fsync_dir(self.channels_dir)
+        self._open_channel(cmd.name, cmd.kind, 0, sync=not deferred)
         self._touched.add(cmd.name)
         return True
 
@@ -331,7 +344,10 @@ class StateMachine:
         path = self.channels_dir / dir_name(cmd.name)
         doomed = path.with_name(f"{path.name}.deleted-{self.last_applied}")
         os.replace(path, doomed)
-        fsync_dir(self.channels_dir)
+        if self.replicated:  # recovery removes the channel either way; the flush syncs it
+            self._fresh.touch()
+        else:
+            fsync_dir(self.channels_dir)
         shutil.rmtree(doomed, ignore_errors=True)
         self._dirty.discard(cmd.name)
         self._touched.add(cmd.name)
@@ -501,7 +517,7 @@ class StateMachine:
     # --- group commit -----------------------------------------------------------------
 
     def has_unflushed(self) -> bool:
-        return bool(self._dirty or self._dirty_keyed) or (
+        return bool(self._dirty or self._dirty_keyed or self._fresh.pending) or (
             self.journal is not None and self.journal.due(self.last_applied))
 
     def prepare_flush(self) -> list[tuple[str, Any, Any]]:
@@ -526,6 +542,9 @@ class StateMachine:
                 tokens.append((None, keyed, token))
         self._dirty.clear()
         self._dirty_keyed.clear()
+        if self._fresh.pending:  # before the checkpoint, which may name these channels
+            fresh, self._fresh = self._fresh, _FreshDirs(self.channels_dir)
+            tokens.append((None, fresh, fresh))
         if self.journal is not None and self.journal.due(self.last_applied):
             # Last: run_flush writes it only after every segment above is fdatasynced.
             touched = {n: (self.channels[n].next_sequence if n in self.channels else None)
@@ -551,3 +570,48 @@ class StateMachine:
                 continue
             owner.complete_flush(token)
             self._on_advance(name)
+
+
+def _write_plain(path: Path, data: bytes) -> None:
+    """Write a new file without fsync (``_FreshDirs`` syncs it)."""
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+class _FreshDirs:
+    """A flush token: fsync the files and directory of each channel created since the last
+    flush, then the channels directory (creates and deletes there). Runs on the I/O thread,
+    before the checkpoint token of the same flush."""
+
+    def __init__(self, channels_dir: Path) -> None:
+        self._channels_dir = channels_dir
+        self._dirs: list[Path] = []
+        self.pending = False
+
+    def add(self, directory: Path) -> None:
+        self._dirs.append(directory)
+        self.pending = True
+
+    def touch(self) -> None:
+        self.pending = True
+
+    def run(self) -> None:
+        for directory in self._dirs:
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:  # deleted again meanwhile
+                continue
+            for entry in names:
+                try:
+                    fd = os.open(directory / entry, os.O_RDONLY)
+                except FileNotFoundError:
+                    continue
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(directory)
+        fsync_dir(self._channels_dir)
+
+    def complete_flush(self, token: Any) -> None:
+        """Nothing waits on it beyond the flush itself."""

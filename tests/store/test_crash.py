@@ -116,3 +116,40 @@ def test_acknowledged_appends_survive_repeated_kill_9(tmp_path, mode):
             acked[key] = (int(last), digest)
         total_checked = verify(data_dir, acked, mode)
     assert total_checked == len(acked) > 100
+
+
+def test_a_created_channel_is_durable_only_through_the_flush_that_checkpoints_it(tmp_path):
+    """Replicated mode creates an Events channel without fsyncs (a 256-partition CreateTopics
+    held the reactor for seconds); the next flush syncs its files before its checkpoint names
+    it. A crash before that may leave the directory with lost contents: recovery removes it
+    (replaying the Raft log creates it again) instead of failing to open it."""
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.machine import StateMachine
+    from kmqkafka.store.names import dir_name
+
+    def flush(m: StateMachine) -> None:
+        tokens = m.prepare_flush()
+        m.run_flush(tokens)
+        m.complete_flush(tokens)
+
+    m = StateMachine(tmp_path, replicated=True)
+    m.recover(0)
+    m.apply(1, c.CreateChannel("kafka.a"))
+    assert m.has_unflushed()
+    flush(m)
+    m.apply(2, c.CreateChannel("kafka.b"))  # not flushed: "lost" below
+    m.close()
+    lost = tmp_path / "channels" / dir_name("kafka.b")
+    for name in ("kind", "config.json"):
+        (lost / name).write_bytes(b"")
+    again = StateMachine(tmp_path, replicated=True)
+    again.recover(0)
+    assert "kafka.a" in again.channels and "kafka.b" not in again.channels
+    assert again.last_applied == 1 and not lost.exists()
+    again.apply(2, c.CreateChannel("kafka.b"))  # the replay
+    flush(again)
+    again.close()
+    third = StateMachine(tmp_path, replicated=True)
+    third.recover(0)
+    assert {"kafka.a", "kafka.b"} <= set(third.channels) and third.last_applied == 2
+    third.close()
