@@ -463,8 +463,13 @@ def test_connection_cap(tmp_path: Path) -> None:
         for i, sock in enumerate((a, c)):
             sock.sendall(api_versions_frame(0, i))
             assert decode_api_versions(read_response(sock), 0)[0] == i
-        with connect(b.kafka_port) as third:
-            assert is_closed(third)
+        try:
+            third = connect(b.kafka_port)
+        except ConnectionResetError:
+            pass  # the broker's reset can reach a loaded client before connect() returns
+        else:
+            with third:
+                assert is_closed(third)
         a.close()
         deadline = time.monotonic() + 5
         while True:  # the broker notices the close asynchronously
