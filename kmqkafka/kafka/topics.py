@@ -392,11 +392,13 @@ class TopicCatalog:
         topic = Topic(name, uuid.uuid4(), partitions, explicit)
         if validate_only:
             return _done(topic)
-        # The catalog entry goes first with "must be absent": if another node created the
-        # topic meanwhile, nothing of this request is applied.
-        cmds: list[c.Command] = [self._put(topic, expect=None)]
-        cmds += [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
-                 for p in range(partitions)]
+        # The catalog entry, with "must be absent", goes last: the batch checks it before
+        # anything is applied (another node created the topic meanwhile: nothing of this
+        # request is), and a full disk failing a channel leaves no catalog entry behind.
+        cmds: list[c.Command] = [
+            c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
+            for p in range(partitions)]
+        cmds.append(self._put(topic, expect=None))
         d = self._store.propose(c.Batch(tuple(cmds)))
         d.addErrback(_conflict_as, KafkaError(ErrorCode.topic_already_exists,
                                               f"Topic '{name}' already exists."))
@@ -455,9 +457,10 @@ class TopicCatalog:
         if validate_only:
             return _done(grown)
         log_changes = _all_log_changes(topic.configs)
-        cmds: list[c.Command] = [self._put(grown, expect=self._raw(name))]
-        cmds += [c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
-                 for p in range(topic.partitions, count)]
+        cmds: list[c.Command] = [
+            c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
+            for p in range(topic.partitions, count)]
+        cmds.append(self._put(grown, expect=self._raw(name)))  # last, as in ``create``
         d = self._store.propose(c.Batch(tuple(cmds)))
         return d.addCallback(lambda _r: self._notify(self._grown_listeners, grown,
                                                    "partitions-added"))

@@ -296,13 +296,46 @@ class StateMachine:
         return handler(command)
 
     def _apply_Batch(self, cmd: c.Batch) -> Any:
+        """Apply in order. Every ``KeyedPut`` compare-and-set of the batch is checked before
+        anything is applied, so a lost race changes nothing (a topic's catalog write comes
+        after its channels). A refused disk write (OSError) removes the channels the batch
+        created before it is raised: a full disk leaves no half-created topic."""
+        try:
+            self._check_expects(cmd.commands)
+        except StoreError as exc:
+            return BatchFailure(0, exc, ())
         results = []
         for i, inner in enumerate(cmd.commands):
             try:
                 results.append(self._apply(inner))
             except StoreError as exc:
                 return BatchFailure(i, exc, tuple(results))
+            except OSError:
+                for done, result in zip(cmd.commands, results):
+                    if type(done) is c.CreateChannel and result is True:
+                        try:
+                            self._apply_DeleteChannel(c.DeleteChannel(done.name, missing_ok=True))
+                        except OSError:
+                            pass
+                raise
         return tuple(results)
+
+    def _check_expects(self, commands: tuple) -> None:
+        """Raise KeyConflict if a ``KeyedPut`` of ``commands`` would, as ``_apply_KeyedPut``
+        decides, with the writes of the ones before it in the batch taken into account."""
+        pending: dict[tuple[str, bytes], bytes | None] = {}
+        for cmd in commands:
+            if type(cmd) is not c.KeyedPut or not cmd.expect:
+                continue
+            keyed = self.keyed[cmd.family]
+            writes = dict(cmd.pairs)
+            for key, expected in cmd.expect:
+                slot = (cmd.family, bytes(key))
+                current = pending[slot] if slot in pending else keyed.get(key)
+                if current != expected and (key not in writes or current != writes[key]):
+                    raise KeyConflict(f"{cmd.family} key {bytes(key)!r} changed concurrently")
+            for key, value in cmd.pairs:
+                pending[(cmd.family, bytes(key))] = value
 
     def _apply_CreateChannel(self, cmd: c.CreateChannel) -> bool:
         check_channel_name(cmd.name)

@@ -153,3 +153,42 @@ def test_a_created_channel_is_durable_only_through_the_flush_that_checkpoints_it
     third.recover(0)
     assert {"kafka.a", "kafka.b"} <= set(third.channels) and third.last_applied == 2
     third.close()
+
+
+def test_a_refused_write_inside_a_topic_create_leaves_nothing_half_made(tmp_path, monkeypatch):
+    """A create batch: its partitions' channels, then the catalog entry. A full disk failing
+    the third channel used to leave the catalog entry and two channels (a topic listed with
+    partitions that did not exist); a lost race used to be found only at the catalog write."""
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.errors import KeyConflict
+    from kmqkafka.store.machine import BatchFailure, StateMachine
+
+    m = StateMachine(tmp_path, replicated=True)
+    m.recover(0)
+    key = b"topic:t"
+    create = c.Batch(tuple(c.CreateChannel(f"kafka.t~{p}" if p else "kafka.t", exist_ok=True)
+                           for p in range(4))
+                     + (c.KeyedPut("config", ((key, b"v1"),), 0, expect=((key, None),)),))
+    real_open = m._open_channel
+    calls = []
+
+    def full_disk(name, kind, now_ms, sync=True):
+        calls.append(name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real_open(name, kind, now_ms, sync=sync)
+
+    monkeypatch.setattr(m, "_open_channel", full_disk)
+    with pytest.raises(OSError):
+        m.apply(1, create)
+    assert not m.channels and m.keyed["config"].get(key) is None
+    monkeypatch.setattr(m, "_open_channel", real_open)
+    assert len(m.apply(2, create)) == 5  # the retry makes the whole topic
+    assert len(m.channels) == 4 and m.keyed["config"].get(key) == b"v1"
+
+    lost = c.Batch((c.CreateChannel("kafka.u"),
+                    c.KeyedPut("config", ((key, b"v2"),), 0, expect=((key, None),))))
+    outcome = m.apply(3, lost)
+    assert isinstance(outcome, BatchFailure) and isinstance(outcome.error, KeyConflict)
+    assert "kafka.u" not in m.channels  # checked before anything was applied
+    m.close()
