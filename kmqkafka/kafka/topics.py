@@ -57,7 +57,7 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime",
     "message.timestamp.before.max.ms": "9223372036854775807",
-    "message.timestamp.after.max.ms": "9223372036854775807",
+    "message.timestamp.after.max.ms": "3600000",  # Kafka 4 (KIP-1030): one hour
     "min.cleanable.dirty.ratio": "0.5",
     "min.compaction.lag.ms": "0",
     "min.insync.replicas": "1",

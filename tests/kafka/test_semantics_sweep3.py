@@ -163,6 +163,20 @@ def test_explicit_timestamp_bounds_win_over_the_deprecated_difference(
     assert delivery_errors(kafka.bootstrap, only_diff, stamps) == [32, 32]
 
 
+def test_a_default_topic_takes_timestamps_up_to_an_hour_ahead_as_kafka_4(
+        kafka: BrokerProcess) -> None:
+    """KIP-1030: ``message.timestamp.after.max.ms`` defaults to one hour from Kafka 4.0 on;
+    ``before`` stays unbounded."""
+    import time
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    topic = unique("ts-default")
+    admin.create_topics([ConfluentNewTopic(topic, 1)])[topic].result(WAIT)
+    now = int(time.time() * 1000)
+    stamps = [now - 10 * 365 * 86_400_000, now + 1_800_000, now + 7_200_000]
+    assert delivery_errors(kafka.bootstrap, topic, stamps) == [None, None, 32]
+
+
 def test_min_compaction_lag_above_max_is_an_invalid_config(kafka: BrokerProcess) -> None:
     """Kafka's one cross-config rule: min.compaction.lag.ms may not exceed
     max.compaction.lag.ms, on create and on alter (checked against the resulting set)."""
