@@ -186,6 +186,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     store = broker.store
     version = ctx.api_version
     limit = _limit(ctx, topic)
+    segment_bytes = int(topic.config_value("segment.bytes") or _UNBOUNDED)
     log_append = topic.config_value("message.timestamp.type") == "LogAppendTime"
     rules = _RecordRules.of(topic, log_append)
     durable = acks == -1
@@ -206,7 +207,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         blob = p.records
         channel = channel_for(topic.name, index)
         try:
-            _check(blob, limit, version)
+            _check(blob, limit, version, segment_bytes)
             if rules is not None:
                 rules.check(blob, now_ms, f"{topic.name}-{index}")
         except RejectedRecords as exc:
@@ -326,13 +327,14 @@ def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
             f"requirement of {min_isr} for partition %s")
 
 
-def _check(blob: bytes | None, limit: int, version: int) -> None:
+def _check(blob: bytes | None, limit: int, version: int, segment_bytes: int) -> None:
     """Raise KafkaError for the partition unless ``blob`` is one acceptable batch.
 
     Kafka's rules for Produce v3+ first (``ProduceRequest.validateRecords``): exactly one
-    RecordBatch of magic 2 per partition, and no zstd before v7. Then its log checks: size,
-    CRC, no control batches, a sequence with a producer id, and an offset range that matches
-    the record count (else the log would skip offsets)."""
+    RecordBatch of magic 2 per partition, and no zstd before v7. Then its log checks: a base
+    offset of 0, size (max.message.bytes, then segment.bytes), CRC, no control batches, a
+    sequence with a producer id, and an offset range that matches the record count (else the
+    log would skip offsets)."""
     if not blob:
         raise KafkaError(ErrorCode.invalid_record, f"Produce requests with version {version} "
                          "must have at least one record batch per partition")
@@ -351,9 +353,16 @@ def _check(blob: bytes | None, limit: int, version: int) -> None:
     if header.size < n:
         raise KafkaError(ErrorCode.invalid_record, f"Produce requests with version {version} "
                          "are only allowed to contain exactly one record batch per partition")
+    if header.base_offset != 0:
+        raise KafkaError(ErrorCode.invalid_record, "The baseOffset of the record batch should "
+                         f"be 0, but it is {header.base_offset}")
     if header.size > limit:
         raise KafkaError(ErrorCode.message_too_large,
                          f"batch of {header.size} bytes exceeds max.message.bytes {limit}")
+    if header.size > segment_bytes:
+        raise KafkaError(ErrorCode.record_list_too_large,
+                         f"Message batch size is {header.size} bytes which exceeds the maximum "
+                         f"configured segment size of {segment_bytes}.")
     try:
         header = records.validate_batch(view)
     except records.InvalidBatch as exc:

@@ -211,8 +211,21 @@ def test_produce_v3_plus_rules_for_the_records_blob(raw: Raw) -> None:
         answer = produce(raw, topic, {0: bytes(bad)})[0]
         assert answer.error_code is E.invalid_record
         assert answer.error_message.startswith("Inconsistent batch offset range")
+    moved = build_batch([NewRecord(value=b"v")], now_ms=0, base_offset=42)
+    answer = produce(raw, topic, {0: moved})[0]  # Kafka: a client's batch starts at 0
+    assert (answer.error_code, answer.error_message) == (
+        E.invalid_record, "The baseOffset of the record batch should be 0, but it is 42")
     assert list_offsets(raw, topic, {0: -1})[0].offset == 1  # nothing of those stored
     assert produce(raw, topic, {0: zstd}, version=7)[0].base_offset == 1
+
+
+def test_a_batch_larger_than_a_segment_is_record_list_too_large(raw: Raw) -> None:
+    topic = unique("segsize")
+    create_topic(raw, topic, segment_bytes="1000")
+    assert produce(raw, topic, {0: batch(1, value_size=500)})[0].error_code is E.none
+    big = produce(raw, topic, {0: batch(1, value_size=2000)})[0]
+    assert big.error_code is E.record_list_too_large
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 1
 
 
 def test_record_level_topic_rules(broker: BrokerProcess, raw: Raw) -> None:
