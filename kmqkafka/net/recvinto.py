@@ -9,10 +9,11 @@ as usual. Plain TCP transports only (TLS decrypts into its own buffers).
 """
 from __future__ import annotations
 
-import socket
 from typing import Any, Callable
 
 from twisted.internet import main
+
+from kmqkafka.net.sendmsg import plain_tcp
 
 __all__ = ["install", "worth_filling"]
 
@@ -37,11 +38,10 @@ def install(transport: Any, target: Callable[[], memoryview | None],
     """Route ``transport``'s reads into ``target()`` whenever it returns a view (the unfilled
     rest of the pending frame), reporting each read's size to ``filled``. Returns False (and
     changes nothing) for a transport this cannot serve."""
-    sock = getattr(transport, "socket", None)
-    plain = getattr(transport, "doRead", None)
-    if (getattr(transport, "TLS", True) or not isinstance(sock, socket.socket)
-            or plain is None):
+    if not plain_tcp(transport):  # a TLS wrapper's doRead is never called by the reactor
         return False
+    sock = transport.socket
+    plain = transport.doRead
 
     def doRead() -> Any:
         into = target()

@@ -13,7 +13,10 @@ from __future__ import annotations
 import socket
 from typing import Any, Sequence
 
-__all__ = ["DIRECT_MIN", "write_parts"]
+from twisted.internet import tcp
+from twisted.internet.interfaces import ISSLTransport
+
+__all__ = ["DIRECT_MIN", "plain_tcp", "write_parts"]
 
 DIRECT_MIN = 64 * 1024
 """Below this a write is queued as usual: Twisted coalesces small writes of one reactor turn
@@ -35,11 +38,19 @@ def write_parts(transport: Any, parts: Sequence[Any], size: int) -> None:
     transport.write(b"".join(parts))  # one ``bytes`` piece is passed on as it is, uncopied
 
 
+def plain_tcp(transport: Any) -> bool:
+    """A Twisted TCP connection carrying the protocol's bytes as they are. A TLS listener's
+    transport is a wrapper (``twisted.protocols.tls``) whose attribute lookups fall through
+    to the TCP connection under it, ``socket`` and ``TLS == False`` included: asking those
+    alone sent responses unencrypted onto TLS sockets."""
+    return (isinstance(transport, tcp.Connection) and not ISSLTransport.providedBy(transport)
+            and not transport.TLS and isinstance(transport.socket, socket.socket))
+
+
 def _idle_tcp(transport: Any) -> bool:
     """A plain, connected Twisted TCP transport with nothing waiting to be sent."""
     try:
-        return (transport.connected and not transport.disconnecting
-                and not transport.TLS and isinstance(transport.socket, socket.socket)
+        return (plain_tcp(transport) and transport.connected and not transport.disconnecting
                 and not transport._tempDataLen
                 and len(transport.dataBuffer) == transport.offset)
     except AttributeError:

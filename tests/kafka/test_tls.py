@@ -47,3 +47,37 @@ def test_confluent_and_kafka_python_round_trip_over_tls(tmp_path):
         assert values == [b"v%d" % i for i in range(100)]
     finally:
         b.stop()
+
+
+def test_large_requests_and_responses_stay_encrypted(tmp_path):
+    """Produce requests of 256 KiB+ and fetch responses of 64 KiB+ take the broker's direct
+    socket paths on plain TCP; on TLS they must not (they went out unencrypted, and clients
+    saw "wrong version number" or a frame size read from record bytes)."""
+    import os
+
+    cert, key = make_self_signed(tmp_path)
+    b = start_broker(tmp_path, env={"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
+    tls = f"127.0.0.1:{b.tls_port}"
+    try:
+        common = {"bootstrap.servers": tls, "security.protocol": "SSL",
+                  "ssl.ca.location": str(cert)}
+        values = [os.urandom(n) for n in (100, 70_000, 300_000, 900_000)]
+        values += [os.urandom(100) for _ in range(3000)]  # many small: large fetch responses
+        p = Producer({**common, "acks": "all", "linger.ms": 50, "message.max.bytes": 1_000_000})
+        for v in values:
+            p.produce("big-secure", v, partition=0)
+        assert p.flush(60) == 0
+        c = Consumer({**common, "group.id": "tls-big", "enable.auto.commit": False,
+                      "fetch.max.bytes": 4_000_000})
+        c.assign([TopicPartition("big-secure", 0, 0)])
+        got = []
+        for _ in range(240):
+            for msg in c.consume(500, 0.5):
+                assert msg.error() is None, msg.error()
+                got.append(msg.value())
+            if len(got) >= len(values):
+                break
+        c.close()
+        assert got == values
+    finally:
+        b.stop()

@@ -49,7 +49,9 @@ def test_raft_links_use_tls_and_replicate(tmp_path: Path) -> None:
             reply = raw.recv(64)
             assert reply == b"" or reply[0] == 0x15  # 0x15: TLS alert record
 
-        values = [b"tls-%03d" % i for i in range(100)]
+        # Large records too: Raft frames of 256 KiB and more used to bypass TLS both ways.
+        values = [b"tls-%03d" % i for i in range(97)] + [
+            bytes([65 + i]) * 300_000 for i in range(3)]
         assert produce_confluent(brokers[leader].bootstrap, "tls-topic", values) == list(
             range(100))
         other = next(i for i in IDS if i != leader)
