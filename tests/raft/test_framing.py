@@ -7,9 +7,10 @@ import random
 import socket
 from types import SimpleNamespace
 
+from twisted.internet import tcp
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
-from kmqkafka.net.sendmsg import DIRECT_MIN, _after, write_parts
+from kmqkafka.net.sendmsg import DIRECT_MIN, _after, plain_tcp, write_parts
 from kmqkafka.raft.messages import (SHARE_MIN, Append, Entry, EntryKind, Gather, Heartbeat,
                                     decode, encode)
 from kmqkafka.raft.transport import RAFT, RaftTransport, _HEAD
@@ -80,12 +81,13 @@ def test_decode_copies_unless_sharing_immutable_bytes():
     assert copied.entries[0].data == m.entries[0].data
 
 
-class _Transport:
-    """The Twisted TCP transport attributes ``write_parts`` looks at, over a real socket."""
+class _Transport(tcp.Connection):
+    """A Twisted TCP connection as far as ``write_parts`` looks at one, over a real socket
+    (no reactor: ``__init__`` is its own)."""
 
     TLS = False
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket) -> None:  # noqa: super().__init__ needs a reactor
         self.socket = sock
         self.connected, self.disconnecting = True, False
         self._tempDataLen, self.dataBuffer, self.offset = 0, b"", 0
@@ -149,8 +151,9 @@ def test_after_drops_exactly_the_sent_bytes():
         assert b"".join(_after(parts, sent)) == whole[sent:]
 
 
-class _ReadTransport(StringTransport):
-    """A StringTransport with the socket and ``doRead`` of a plain Twisted TCP transport."""
+class _ReadTransport(StringTransport, tcp.Connection):
+    """A StringTransport with the socket and ``doRead`` of a plain Twisted TCP transport
+    (and its type: only those take the direct read path)."""
 
     TLS = False
 
@@ -221,5 +224,20 @@ def test_a_length_prefix_alone_never_gets_a_large_buffer():
     link2.makeConnection(tr2)
     link2.dataReceived(_HEAD.pack(1 << 20, RAFT) + b"x" * 1000)   # 1 MiB, little of it here
     assert link2._fill is None
+    a.close()
+    b.close()
+
+
+def test_a_tls_wrapper_over_a_tcp_connection_is_never_written_to_directly():
+    """The TLS listener's transport answers ``socket`` and ``TLS`` from the connection under
+    it; the bytes must still go through it to be encrypted."""
+    from twisted.protocols.tls import BufferingTLSTransport
+
+    a, b = socket.socketpair()
+    under = _Transport(a)
+    assert plain_tcp(under)
+    wrapper = BufferingTLSTransport.__new__(BufferingTLSTransport)
+    wrapper.__dict__["_protocol"] = SimpleNamespace(transport=under)
+    assert not plain_tcp(wrapper)
     a.close()
     b.close()
