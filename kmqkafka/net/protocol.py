@@ -40,6 +40,7 @@ from kmqkafka.net.sendmsg import write_parts
 
 MAX_IN_FLIGHT = 64
 RESUME_IN_FLIGHT = 16
+IDLE_ABORT_S = 5.0  # an idle connection still open this long after its close is cut off
 _COMPACT_AT = 256 * 1024
 _PREFIX = struct.Struct(">i")
 _HEAD = struct.Struct(">hhi")
@@ -102,6 +103,7 @@ class KafkaProtocol(Protocol):
         self._drain_waiters: list[Deferred[None]] = []
         self.peer = ""
         self.last_active = factory.reactor.seconds()
+        self.idle_closed = False  # ``KafkaFactory.close_idle`` closed it already
         self._fills = False  # a large request may be read into a buffer of its own
         self._fill: bytearray | None = None
         self._filled = 0
@@ -453,12 +455,21 @@ class KafkaFactory(Factory):
         if not self.max_idle_s:
             return 0
         cutoff = self.reactor.seconds() - self.max_idle_s
-        idle = [p for p in self.connections if not p.busy and p.last_active < cutoff]
+        idle = [p for p in self.connections
+                if not p.busy and p.last_active < cutoff and not p.idle_closed]
         for p in idle:
             p.log.info("closing Kafka connection from {peer}: idle for {s:.0f}s", peer=p.peer,
                        s=self.max_idle_s)
+            p.idle_closed = True
             p.transport.loseConnection()
+            # TLS waits for the peer's close_notify, which a silent peer never sends: Kafka
+            # closes the socket whatever the peer does.
+            self.reactor.callLater(IDLE_ABORT_S, self._abort_if_open, p)
         return len(idle)
+
+    def _abort_if_open(self, protocol: "KafkaProtocol") -> None:
+        if protocol in self.connections:
+            protocol.transport.abortConnection()
 
     def connection_opened(self, protocol: KafkaProtocol) -> None:
         """Called by a protocol that was admitted under the connection cap."""

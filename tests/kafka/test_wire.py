@@ -448,6 +448,35 @@ def test_idle_connections_are_closed_but_a_parked_fetch_is_not_idle(tmp_path: Pa
         b.stop()
 
 
+def test_an_idle_tls_peer_that_never_answers_the_close_is_cut_off(tmp_path: Path) -> None:
+    """TLS closes by waiting for the peer's close_notify; a silent peer never sends it, and its
+    connection held a slot forever (logged again at every sweep). It goes within
+    ``IDLE_ABORT_S`` of its close now, as Kafka closes the socket whatever the peer does."""
+    cert, key = make_self_signed(tmp_path)
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_CONNECTIONS_MAX_IDLE_MS": "1000",
+                                    "KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
+
+    def open_tls() -> float:
+        text = http_get(b.http_port, "/metrics").decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("kmqkafka_kafka_connections_open{"))
+
+    try:
+        context = ssl.create_default_context(cafile=str(cert))
+        silent = [context.wrap_socket(socket.create_connection((HOST, b.tls_port), timeout=5),
+                                      server_hostname=HOST) for _ in range(3)]
+        assert open_tls() == 3
+        deadline = time.monotonic() + 15  # 1 s idle, a sweep, then IDLE_ABORT_S
+        while open_tls() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert open_tls() == 0
+        assert b.log().count("closing Kafka connection") == 3
+        for s in silent:
+            s.close()
+    finally:
+        b.stop()
+
+
 def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None:
     versions = [0, 3, 1, 4, 2, 99, 3, 0] * 8
     with connect(broker.kafka_port) as sock:
