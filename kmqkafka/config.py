@@ -103,7 +103,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0", 1,
             "this node's broker id"),
     Setting("peers", "KMQKAFKA_PEERS", "peers", "server", "peers", "peers", "",
-            "Raft members, self included: id=raft_host:raft_port[/kafka_host:kafka_port],... "
+            "Raft members, self included: "
+            "id=raft_host:raft_port[/kafka_host:kafka_port[/tls_port]],... "
             "(empty = a cluster of one)"),
     Setting("raft_bind_host", "KMQKAFKA_RAFT_BIND_HOST", "raft-bind-host", "server",
             "raft_bind_host", "host", "", "interface the Raft port binds (default: own peer host)"),
@@ -124,6 +125,7 @@ class Peer:
     raft_port: int
     kafka_host: str
     kafka_port: int
+    kafka_tls_port: int | None = None  # None: the same TLS port as this node's
 
 
 # The characters Kafka's listener parser takes in a host name (``SocketServerConfigs``' regex).
@@ -151,15 +153,22 @@ def _host_port(text: str) -> tuple[str, int]:
     problem = host_problem(host)
     if problem:
         raise ValueError(f"host {host!r} {problem}")
-    host = host.strip("[]")
-    value = int(port)
+    return host.strip("[]"), _port(port)
+
+
+def _port(text: str) -> int:
+    if not _INTEGER.fullmatch(text.strip()):
+        raise ValueError(f"port {text!r} is not a number")
+    value = int(text)
     if not 1 <= value <= 65535:
         raise ValueError(f"port {value} is not in 1..65535")
-    return host, value
+    return value
 
 
 def parse_peers(text: str, default_kafka_port: int) -> tuple[Peer, ...]:
-    """Parse ``id=host:port[/kafka_host:kafka_port],...``; raises ValueError (one line)."""
+    """Parse ``id=host:port[/kafka_host:kafka_port[/tls_port]],...``; raises ValueError (one
+    line). ``tls_port`` is the node's TLS listener port, for nodes that do not share one
+    (several on one host)."""
     peers: dict[int, Peer] = {}
     for item in (x.strip() for x in text.split(",")):
         if not item:
@@ -176,12 +185,14 @@ def parse_peers(text: str, default_kafka_port: int) -> tuple[Peer, ...]:
         if node_id in peers:
             raise ValueError(f"node id {node_id} is listed twice")
         raft, slash, kafka = rest.partition("/")
+        kafka, _, tls = kafka.partition("/")
         try:
             raft_host, raft_port = _host_port(raft)
             kafka_host, kafka_port = _host_port(kafka) if slash else (raft_host, default_kafka_port)
+            tls_port = _port(tls) if tls else None
         except ValueError as e:
             raise ValueError(f"node {node_id}: {e}") from None
-        peers[node_id] = Peer(node_id, raft_host, raft_port, kafka_host, kafka_port)
+        peers[node_id] = Peer(node_id, raft_host, raft_port, kafka_host, kafka_port, tls_port)
     return tuple(peers[i] for i in sorted(peers))
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
@@ -340,6 +351,8 @@ def _own_endpoint_defaults(values: dict[str, Any], given: set[str]) -> None:
         values["kafka_advertised_host"] = own.kafka_host
     if "kafka_advertised_port" not in given:
         values["kafka_advertised_port"] = own.kafka_port
+    if own.kafka_tls_port is not None and "kafka_tls_port" not in given:
+        values["kafka_tls_port"] = own.kafka_tls_port
     if _is_loopback_ip(own.kafka_host):
         if "kafka_bind_host" not in given:
             values["kafka_bind_host"] = own.kafka_host

@@ -124,7 +124,8 @@ def raft_proposer_factory(settings: Settings, reactor: Any) -> Callable[..., Any
 
     rng = random.Random(os.urandom(16))
     node_id = settings.node_id if settings.peers else max(settings.node_id, 1)
-    members = {p.node_id: Member(p.node_id, p.raft_host, p.raft_port, p.kafka_host, p.kafka_port)
+    members = {p.node_id: Member(p.node_id, p.raft_host, p.raft_port, p.kafka_host, p.kafka_port,
+                                 p.kafka_tls_port)
                for p in settings.peers}
     # Loaded now, before any thread starts, so bad material is a clean start-up error.
     server_tls, client_tls = _raft_tls(settings) if members else (None, None)

@@ -93,6 +93,8 @@ BAD_VALUES = [
     ("CONNECTORS_KAFKA_BIND_HOST", "host/8"),                # an IPv6 address only in [...]
     ("KMQKAFKA_HTTP_HOST", "[::1"),
     ("KMQKAFKA_PEERS", "1=bad host:19001"),
+    ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/tls"),
+    ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/70000"),
 ]
 
 
@@ -102,6 +104,7 @@ BAD_VALUES = [
     ("CONNECTORS_KAFKA_BIND_HOST", "[::]"),
     ("CONNECTORS_KAFKA_BIND_HOST", ""),
     ("KMQKAFKA_PEERS", "1=[::1]:19001/[::1]:9092"),
+    ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/9093"),
 ])
 def test_host_names_and_addresses_are_accepted(name: str, value: str) -> None:
     load_settings({}, {name: value})
@@ -205,3 +208,11 @@ def test_a_taken_port_stops_start_up_with_exit_status_1(tmp_path: Path, taken: s
     out = (proc.stdout + proc.stderr).decode()
     assert proc.returncode == 1, out
     assert f"could not start: Couldn't listen on 127.0.0.1:{ports[taken]}" in out
+
+
+def test_a_peer_entry_may_name_its_tls_port_and_its_own_sets_the_listener() -> None:
+    s = load_settings({}, {"KMQKAFKA_NODE_ID": "2", "KMQKAFKA_PEERS":
+                           "1=127.0.0.1:19001/127.0.0.1:9092/9093,"
+                           "2=127.0.0.1:19002/127.0.0.1:9192/9193"})
+    assert [p.kafka_tls_port for p in s.peers] == [9093, 9193]
+    assert (s.kafka_port, s.kafka_tls_port) == (9192, 9193)

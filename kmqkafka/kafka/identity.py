@@ -93,12 +93,11 @@ def live_members(broker: Broker) -> list:
 
 def _endpoint(broker: Broker, m: Any, listener: str) -> tuple[int, str, int]:
     """``(node_id, host, port)`` of member ``m``: this node's own advertised endpoint, the
-    others' from ``--peers`` (on SSL the others are assumed to use this node's TLS port:
-    peers carry one Kafka endpoint)."""
+    others' from ``--peers`` (on SSL the TLS port their entry names, else this node's)."""
     if m.node_id == node_id(broker):
         return (m.node_id, *advertised(broker, listener))
     if listener == "SSL":
-        return m.node_id, m.kafka_host, broker.settings.kafka_tls_port
+        return m.node_id, m.kafka_host, m.kafka_tls_port or broker.settings.kafka_tls_port
     return m.node_id, m.kafka_host, m.kafka_port
 
 

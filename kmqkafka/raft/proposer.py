@@ -83,6 +83,7 @@ class Member:
     raft_port: int
     kafka_host: str
     kafka_port: int
+    kafka_tls_port: int | None = None  # None: the same TLS port as this node's
 
 
 def snapshot_ref(index: int) -> bytes:

@@ -23,7 +23,8 @@ def test_raft_links_use_tls_and_replicate(tmp_path: Path) -> None:
     cert, key = make_self_signed(tmp_path)
     raft = {i: free_port() for i in IDS}
     kafka = {i: free_port() for i in IDS}
-    peers = ",".join(f"{i}=127.0.0.1:{raft[i]}/127.0.0.1:{kafka[i]}" for i in IDS)
+    tls_ports = {i: free_port() for i in IDS}  # one host: each node's TLS port is in its entry
+    peers = ",".join(f"{i}=127.0.0.1:{raft[i]}/127.0.0.1:{kafka[i]}/{tls_ports[i]}" for i in IDS)
     brokers = {}
     try:
         for i in IDS:
@@ -32,6 +33,7 @@ def test_raft_links_use_tls_and_replicate(tmp_path: Path) -> None:
             brokers[i] = start_broker(d, wait=False, env={
                 "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
                 "CONNECTORS_KAFKA_PORT": str(kafka[i]), "KMQKAFKA_RAFT_TICK_MS": "50",
+                "CONNECTORS_KAFKA_TLS_PORT": str(tls_ports[i]),
                 "KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key),
                 "KMQKAFKA_TLS_CA": str(cert)})
         leader = wait_leader(brokers, timeout=30)
@@ -65,6 +67,15 @@ def test_raft_links_use_tls_and_replicate(tmp_path: Path) -> None:
                                                        "ssl.ca.location": str(cert)})]
         assert got == values
         assert "raft link to node" in brokers[other].log()
+        # Metadata over TLS names every node at its own TLS port, not the answering node's.
+        c = confluent_kafka.Consumer({"bootstrap.servers": f"127.0.0.1:{tls_ports[other]}",
+                                      "security.protocol": "SSL", "ssl.ca.location": str(cert),
+                                      "group.id": "tls-md"})
+        try:
+            listed = {b.id: b.port for b in c.list_topics(timeout=10).brokers.values()}
+        finally:
+            c.close()
+        assert listed == tls_ports
     finally:
         for b in brokers.values():
             b.kill()
