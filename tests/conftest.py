@@ -186,8 +186,10 @@ def start_broker(
     return broker
 
 
-def make_self_signed(directory: Path) -> tuple[Path, Path]:
-    """A self-signed EC certificate for 127.0.0.1/localhost: (cert.pem, key.pem) in ``directory``."""
+def make_self_signed(directory: Path, *, expired: bool = False,
+                     passphrase: bytes | None = None) -> tuple[Path, Path]:
+    """A self-signed EC certificate for 127.0.0.1/localhost: (cert.pem, key.pem) in ``directory``
+    (``expired``: it ran out yesterday; ``passphrase``: the key is encrypted with it)."""
     import datetime
     import ipaddress
 
@@ -203,8 +205,8 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
         x509.CertificateBuilder()
         .subject_name(name).issuer_name(name).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
+        .not_valid_before(now - datetime.timedelta(days=3 if expired else 0, minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=-1 if expired else 1))
         .add_extension(x509.SubjectAlternativeName([
             x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address(HOST))]),
             critical=False)
@@ -215,7 +217,8 @@ def make_self_signed(directory: Path) -> tuple[Path, Path]:
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_path.write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+        serialization.BestAvailableEncryption(passphrase) if passphrase
+        else serialization.NoEncryption()))
     return cert_path, key_path
 
 

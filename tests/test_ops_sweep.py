@@ -43,6 +43,13 @@ def _tls_case(tmp_path: Path, case: str) -> tuple[dict[str, str], str]:
     if case == "missing cert":
         env["KMQKAFKA_TLS_CERT"] = str(tmp_path / "absent.pem")
         return env, "KMQKAFKA_TLS_CERT"
+    if case == "encrypted key":  # OpenSSL used to ask for the pass phrase on the terminal
+        env["KMQKAFKA_TLS_KEY"] = str(make_self_signed(tmp_path, passphrase=b"secret")[1])
+        return env, "KMQKAFKA_TLS_KEY"
+    if case == "expired certificate":
+        env["KMQKAFKA_TLS_CERT"] = str(make_self_signed(tmp_path, expired=True)[0])
+        env["KMQKAFKA_TLS_KEY"] = str(tmp_path / "server.key")
+        return env, "KMQKAFKA_TLS_CERT"
     if case == "key of another certificate":
         other = tmp_path / "other"
         other.mkdir()
@@ -55,7 +62,8 @@ def _tls_case(tmp_path: Path, case: str) -> tuple[dict[str, str], str]:
 
 
 @pytest.mark.parametrize("case", ["missing cert", "key of another certificate",
-                                  "CA file without a certificate"])
+                                  "CA file without a certificate", "encrypted key",
+                                  "expired certificate"])
 def test_bad_tls_material_exits_2_with_one_line(tmp_path: Path, case: str) -> None:
     """Bad TLS material used to print its line and then hang forever (a started Raft thread
     kept the process alive; a CA file with no certificate gave a traceback): systemd would

@@ -29,6 +29,9 @@ def server_context(cert: Path, key: Path, ca: Path | None = None,
     refuses clients that present none (the Raft port)."""
     cert_pem = _read(cert, "KMQKAFKA_TLS_CERT")
     key_pem = cert_pem if key == cert else _read(key, "KMQKAFKA_TLS_KEY")
+    if b"ENCRYPTED" in key_pem:  # OpenSSL would ask for the pass phrase on the terminal
+        raise ConfigError(f"invalid setting KMQKAFKA_TLS_KEY: the private key in {str(key)!r} "
+                          "is encrypted; give it unencrypted (there is no pass phrase setting)")
     try:
         private = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
     except Exception as e:  # pyOpenSSL raises several unrelated types for bad PEM
@@ -36,6 +39,10 @@ def server_context(cert: Path, key: Path, ca: Path | None = None,
             f"invalid setting KMQKAFKA_TLS_CERT/KMQKAFKA_TLS_KEY: cannot load certificate and key "
             f"from {str(cert)!r}/{str(key)!r}: {type(e).__name__}"
         ) from None
+    if private.original.has_expired():  # every client (and Raft peer) would refuse it
+        not_after = (private.original.get_notAfter() or b"?").decode()
+        raise ConfigError(f"invalid setting KMQKAFKA_TLS_CERT: the certificate in {str(cert)!r} "
+                          f"expired ({not_after})")
     # Intermediate certificates after the leaf in the cert file are sent as the chain.
     blocks = cert_pem.split(b"-----BEGIN CERTIFICATE-----")[2:]
     try:
