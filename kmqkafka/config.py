@@ -24,6 +24,7 @@ class ConfigError(Exception):
     """A setting is invalid. ``str(error)`` is one line naming the setting."""
 
 
+CLIENT_AUTH = ("required", "requested", "none")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _ALL_INTERFACES = {"", "0.0.0.0", "::", "[::]"}
@@ -38,7 +39,7 @@ class Setting:
     option: str
     table: str
     key: str
-    kind: str  # "bool" | "port" | "port0" | "size" | "posint" | "host" | "path" | "optpath"
+    kind: str  # bool|port|port0|size|posint|posint0|host|path|optpath|peers|clientauth
     default: Any
     help: str
 
@@ -100,7 +101,11 @@ SETTINGS: tuple[Setting, ...] = (
             "PEM private key of the server (default: read from tls_cert)"),
     Setting("tls_ca", "KMQKAFKA_TLS_CA", "tls-ca", "server", "tls_ca", "optpath", None,
             "PEM CA bundle; when set, client certificates are requested and verified if sent"),
-    Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0", 1,
+        Setting("tls_client_auth", "KMQKAFKA_TLS_CLIENT_AUTH", "tls-client-auth", "server",
+            "tls_client_auth", "clientauth", "requested",
+            "Kafka TLS listener client certificates, as Kafka's ssl.client.auth: required, "
+            "requested (verified when presented) or none; required and requested need tls_ca"),
+Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0", 1,
             "this node's broker id"),
     Setting("peers", "KMQKAFKA_PEERS", "peers", "server", "peers", "peers", "",
             "Raft members, self included: "
@@ -224,6 +229,7 @@ class Settings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_ca: Path | None = None
+    tls_client_auth: str = "requested"
     node_id: int = 1
     peers: tuple[Peer, ...] = ()
     raft_bind_host: str = ""
@@ -285,6 +291,11 @@ def _parse(s: Setting, raw: Any) -> Any:
         raise bad("is not a string")
     if s.kind == "peers":
         return raw.strip()
+    if s.kind == "clientauth":
+        text = raw.strip().lower()
+        if text not in CLIENT_AUTH:
+            raise bad(f"is not one of {', '.join(CLIENT_AUTH)}")
+        return text
     if s.kind == "host":
         text = raw.strip()
         problem = text and host_problem(text)
@@ -408,6 +419,11 @@ def load_settings(
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['kafka_tls_enable'])}: TLS is enabled but no "
             f"certificate is configured (set KMQKAFKA_TLS_CERT and KMQKAFKA_TLS_KEY)"
+        )
+    if values["tls_client_auth"] == "required" and values["tls_ca"] is None:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['tls_client_auth'])}: 'required' needs the CA "
+            f"that signs client certificates (KMQKAFKA_TLS_CA)"
         )
     if values["kafka_enable"] and values["kafka_port"] == values["kafka_tls_port"] and values[
         "kafka_tls_enable"

@@ -62,7 +62,10 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
         from kmqkafka.net.tls import server_context
 
         assert settings.tls_cert is not None and settings.tls_key is not None
-        kafka_tls = server_context(settings.tls_cert, settings.tls_key, settings.tls_ca)
+        kafka_tls = server_context(
+            settings.tls_cert, settings.tls_key,
+            None if settings.tls_client_auth == "none" else settings.tls_ca,
+            require_client_cert=settings.tls_client_auth == "required")
     registry = CollectorRegistry(auto_describe=True)
     metrics = Metrics(registry)
     if store is None:

@@ -81,3 +81,39 @@ def test_large_requests_and_responses_stay_encrypted(tmp_path):
         assert got == values
     finally:
         b.stop()
+
+
+def test_client_certificates_required_requested_or_not_asked(tmp_path):
+    """KMQKAFKA_TLS_CLIENT_AUTH, as Kafka's ssl.client.auth: with ``required`` a client that
+    shows no certificate signed by KMQKAFKA_TLS_CA is refused at the handshake."""
+    import socket
+    import ssl
+
+    from conftest import HOST
+
+    cert, key = make_self_signed(tmp_path)  # self-signed: it is its own CA too
+    tls = {"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key),
+           "KMQKAFKA_TLS_CA": str(cert)}
+
+    def api_versions_ok(port: int, with_cert: bool) -> bool:
+        context = ssl.create_default_context(cafile=str(cert))
+        if with_cert:
+            context.load_cert_chain(str(cert), str(key))
+        try:
+            with socket.create_connection((HOST, port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname=HOST) as sock:
+                    # ApiVersions v0, correlation 7: any answer means the handshake held
+                    sock.sendall(b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x07\xff\xff")
+                    return len(sock.recv(4)) == 4
+        except (ssl.SSLError, OSError):
+            return False
+
+    for mode, without in (("required", False), ("requested", True), ("none", True)):
+        d = tmp_path / mode
+        d.mkdir()
+        b = start_broker(d, env={**tls, "KMQKAFKA_TLS_CLIENT_AUTH": mode})
+        try:
+            assert api_versions_ok(b.tls_port, with_cert=True), mode
+            assert api_versions_ok(b.tls_port, with_cert=False) is without, mode
+        finally:
+            b.stop()
