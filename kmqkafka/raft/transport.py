@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.protocols.basic import FileSender
@@ -449,7 +450,18 @@ class RaftTransport:
             return d.addBoth(done)
 
         d = self._run_io(pack).addCallback(send)
-        d.addErrback(lambda f: log.failure("serving snapshot {index}", f, index=index))
+        d.addErrback(self._serve_failed, index)
+
+    @staticmethod
+    def _serve_failed(failure: Failure, index: int) -> None:
+        """A peer that went away mid-transfer is ordinary (it asks again); anything else is
+        logged with its traceback."""
+        stopped = str(failure.value) == "Consumer asked us to stop producing"  # FileSender
+        if stopped or failure.check(ConnectionDone, ConnectionLost, ConnectionAborted):
+            log.info("serving snapshot {index} stopped: the peer went away ({why})",
+                     index=index, why=failure.getErrorMessage())
+        else:
+            log.failure("serving snapshot {index}", failure, index=index)
 
     def fetch_snapshot(self, frm: int, snapshot: Snapshot) -> Deferred:
         """Copy node ``frm``'s snapshot tree (named by ``snapshot.data``) into the local
