@@ -82,7 +82,8 @@ class FlushToken:
     ``complete_flush`` and renames index files nobody reads yet).
     """
 
-    __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done")
+    __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done",
+                 "abandoned")
 
     def __init__(self, serial: int, covers: int, fds: list[int], index_jobs: list, sync_dir: bool,
                  directory: Path) -> None:
@@ -93,17 +94,27 @@ class FlushToken:
         self.sync_dir = sync_dir
         self.directory = directory
         self.done = False
+        # The log was closed (its channel deleted) while this may run: its fds and files may
+        # be gone under it, and nothing it covers needs to be durable any more.
+        self.abandoned = False
 
     def run(self) -> None:
-        """fdatasync the data, make rolled segments' indexes durable, fsync the directory."""
-        for fd in self.fds:
-            os.fdatasync(fd)
-        for _segment, files in self.index_jobs:
-            for fd, part, final in files:
-                os.fsync(fd)
-                os.replace(part, final)
-        if self.sync_dir or self.index_jobs:
-            fsutil.fsync_dir(self.directory)
+        """fdatasync the data, make rolled segments' indexes durable, fsync the directory.
+
+        The channel may be deleted meanwhile (``abandoned``): its fds closed, its directory
+        renamed away. That is nothing to sync, not a failed flush."""
+        try:
+            for fd in self.fds:
+                os.fdatasync(fd)
+            for _segment, files in self.index_jobs:
+                for fd, part, final in files:
+                    os.fsync(fd)
+                    os.replace(part, final)
+            if self.sync_dir or self.index_jobs:
+                fsutil.fsync_dir(self.directory)
+        except OSError:
+            if not self.abandoned:
+                raise
 
 
 class ChannelLog:
@@ -267,10 +278,10 @@ class ChannelLog:
             seg.map_indexes()
         assert active is not None
         active.open_for_append(interval)
-        if sync:
+        if sync:  # else the state machine's next flush syncs the new directory
             os.fdatasync(active.write_fd)
             fsutil.fsync_dir(self._dir)
-            self._sync_dir = False
+        self._sync_dir = False
         self._next = active.end
         self._durable = self._next
         self._log_start = min(max(checkpoint, self._segments[0].base), self._next)
@@ -746,6 +757,8 @@ class ChannelLog:
 
         Call only when no prepared token is still running on another thread.
         """
+        for running in self._tokens:  # a delete may close the log under a running flush
+            running.abandoned = True
         token = self.prepare_flush()
         if token is not None:
             token.run()

@@ -629,21 +629,23 @@ class _FreshDirs:
         self.pending = True
 
     def run(self) -> None:
+        # The reactor may delete any of these channels while this runs (a topic created and
+        # deleted at once): a directory or file gone meanwhile needs no sync.
         for directory in self._dirs:
             try:
                 names = os.listdir(directory)
-            except FileNotFoundError:  # deleted again meanwhile
+                for entry in names:
+                    try:
+                        fd = os.open(directory / entry, os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                fsync_dir(directory)
+            except FileNotFoundError:
                 continue
-            for entry in names:
-                try:
-                    fd = os.open(directory / entry, os.O_RDONLY)
-                except FileNotFoundError:
-                    continue
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            fsync_dir(directory)
         fsync_dir(self._channels_dir)
 
     def complete_flush(self, token: Any) -> None:

@@ -192,3 +192,28 @@ def test_a_refused_write_inside_a_topic_create_leaves_nothing_half_made(tmp_path
     assert isinstance(outcome, BatchFailure) and isinstance(outcome.error, KeyConflict)
     assert "kafka.u" not in m.channels  # checked before anything was applied
     m.close()
+
+
+def test_a_channel_deleted_while_its_flush_runs_is_not_a_failed_flush(tmp_path):
+    """The flush runs on the I/O thread while the reactor may delete (and create again) the
+    channels it covers; a path gone meanwhile used to fail the flush, and a failed flush
+    makes the store refuse every write until a restart."""
+    from kmqkafka.records import NewRecord, build_batch
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.machine import StateMachine
+
+    m = StateMachine(tmp_path, replicated=True)
+    m.recover(0)
+    m.apply(1, c.CreateChannel("kafka.gone", config={"segment_bytes": 200}))
+    for i in range(5):  # rolls: index jobs and a directory sync pending
+        m.apply(2 + i, c.Append("kafka.gone", 0, build_batch(
+            [NewRecord(value=b"v" * 150)], now_ms=0)))
+    tokens = m.prepare_flush()
+    m.apply(10, c.DeleteChannel("kafka.gone"))
+    m.apply(11, c.CreateChannel("kafka.gone"))
+    m.run_flush(tokens)  # would raise FileNotFoundError
+    m.complete_flush(tokens)
+    tokens = m.prepare_flush()
+    m.run_flush(tokens)
+    m.complete_flush(tokens)
+    m.close()
