@@ -71,6 +71,11 @@ SETTINGS: tuple[Setting, ...] = (
             "largest record batch accepted"),
     Setting("kafka_max_groups", "CONNECTORS_KAFKA_MAX_GROUPS", "kafka-max-groups", "kafka",
             "max_groups", "posint", 10000, "consumer groups allowed"),
+    Setting("kafka_group_initial_rebalance_delay_ms",
+            "CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS",
+            "kafka-group-initial-rebalance-delay-ms", "kafka", "group_initial_rebalance_delay_ms",
+            "posint0", 3000, "how long a new classic group waits for more members before its "
+            "first rebalance (ms; Kafka's group.initial.rebalance.delay.ms)"),
     Setting("kafka_consumer_session_timeout_ms", "CONNECTORS_KAFKA_CONSUMER_SESSION_TIMEOUT_MS",
             "kafka-consumer-session-timeout-ms", "kafka", "consumer_session_timeout_ms",
             "posint", 45000, "KIP-848 consumer group session timeout (ms)"),
@@ -217,6 +222,7 @@ class Settings:
     kafka_connections_max_idle_ms: int = 600000
     kafka_max_message_bytes: int = 1048576
     kafka_max_groups: int = 10000
+    kafka_group_initial_rebalance_delay_ms: int = 3000
     kafka_consumer_session_timeout_ms: int = 45000
     kafka_consumer_heartbeat_interval_ms: int = 5000
     kafka_produce_byte_rate: int = 0

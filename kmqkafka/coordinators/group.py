@@ -180,6 +180,7 @@ class ClassicGroup:
     pending_sync: set[str] = field(default_factory=set)
     join_timer: IDelayedCall | None = None
     initial_delay: bool = False
+    joined_in_delay: bool = False  # a new member came during the current initial delay
     sync_timer: IDelayedCall | None = None
 
     def rebalance_timeout_ms(self) -> int:
@@ -588,6 +589,8 @@ class GroupCoordinator:
         if not group.members:
             group.protocol_type = req.protocol_type
         group.members[member_id] = member
+        if group.initial_delay:
+            group.joined_in_delay = True
         if req.group_instance_id:
             group.static_members[req.group_instance_id] = member_id
         if group.leader_id is None:
@@ -675,14 +678,27 @@ class GroupCoordinator:
         if initial and self.initial_rebalance_delay_ms > 0:
             # Kafka's group.initial.rebalance.delay.ms: let a new group's members gather.
             group.initial_delay = True
+            group.joined_in_delay = False
+            remaining = max(group.rebalance_timeout_ms() - self.initial_rebalance_delay_ms, 0)
             group.join_timer = self._now_timer(self.initial_rebalance_delay_ms,
-                                               self._complete_join, group)
+                                               self._end_initial_delay, group, remaining)
             return
         if group.all_joined():
             self._complete_join(group)
         else:
             group.join_timer = self._now_timer(group.rebalance_timeout_ms(),
                                                self._complete_join, group)
+
+    def _end_initial_delay(self, group: ClassicGroup, remaining_ms: int) -> None:
+        """As Kafka's InitialDelayedJoin: while members keep arriving, wait one more delay,
+        within the rebalance timeout in all; then complete the join."""
+        if group.joined_in_delay and remaining_ms > 0 and self._alive(group):
+            group.joined_in_delay = False
+            delay = min(self.initial_rebalance_delay_ms, remaining_ms)
+            group.join_timer = self._now_timer(delay, self._end_initial_delay, group,
+                                               max(remaining_ms - delay, 0))
+            return
+        self._complete_join(group)
 
     def _maybe_complete_join(self, group: ClassicGroup) -> None:
         if (group.state is GroupState.PREPARING_REBALANCE and not group.initial_delay

@@ -63,8 +63,9 @@ def install(broker: Broker) -> GroupCoordinator:
     existing = broker.extras.get("groups")
     if existing is not None:
         return existing
-    coordinator = GroupCoordinator(broker.reactor, broker.store,
-                                   max_groups=broker.settings.kafka_max_groups)
+    coordinator = GroupCoordinator(
+        broker.reactor, broker.store, max_groups=broker.settings.kafka_max_groups,
+        initial_rebalance_delay_ms=broker.settings.kafka_group_initial_rebalance_delay_ms)
     broker.extras["groups"] = coordinator
 
     coordination = Coordination(broker)

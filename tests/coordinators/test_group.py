@@ -478,5 +478,24 @@ def test_initial_rebalance_delay_gathers_members(delay: int) -> None:
     b, jb = h.new_member()
     assert parked(ja) and parked(jb)
     h.clock.advance(delay / 1000)
+    assert parked(ja) and parked(jb)  # b came during the delay: Kafka waits one more
+    h.clock.advance(delay / 1000)
     ra, rb = result(ja), result(jb)
     assert ra.generation_id == rb.generation_id == 1
+
+
+def test_the_initial_delay_waits_once_without_newcomers_and_never_past_the_rebalance_timeout():
+    h = Harness(initial_rebalance_delay_ms=3000)
+    _a, ja = h.new_member()
+    h.clock.advance(2.9)
+    assert parked(ja)
+    h.clock.advance(0.2)
+    assert result(ja).generation_id == 1
+    slow = Harness(initial_rebalance_delay_ms=3000)
+    joins = [slow.new_member()[1]]
+    for _ in range(20):  # a member every 2.5 s would extend it forever
+        slow.clock.advance(2.5)
+        if not parked(joins[0]):
+            break
+        joins.append(slow.new_member()[1])
+    assert not parked(joins[0]) and slow.clock.seconds() <= 60  # within the rebalance timeout

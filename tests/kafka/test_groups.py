@@ -296,3 +296,31 @@ def test_lag_metric_matches_the_truth(broker: BrokerProcess) -> None:
         assert lag_metrics(broker, group) == {(topic, 0): 6.0, (topic, 1): 2.0}
     finally:
         c.close()
+
+
+def test_members_arriving_together_share_the_first_generation(broker: BrokerProcess) -> None:
+    """Kafka's group.initial.rebalance.delay.ms (3 s by default): a new group waits for more
+    members before its first rebalance, so consumers started together split the partitions
+    at once and none has partitions taken back (librdkafka's own tests rely on it)."""
+    topic, group = unique("gather"), unique("g-gather")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 4)])[topic].result(15)
+    revoked: list[int] = []
+    consumers = []
+    for i in range(2):
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
+                      "auto.offset.reset": "earliest"})
+        c.subscribe([topic], on_revoke=lambda _c, parts, i=i: revoked.extend(
+            [i] * len(parts)))
+        consumers.append(c)
+        c.poll(0.5)  # the second arrives about half a second after the first
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(c.assignment() for c in consumers):
+            for c in consumers:
+                c.poll(0.2)
+        assert sorted(len(c.assignment()) for c in consumers) == [2, 2]
+        assert not revoked
+    finally:
+        for c in consumers:
+            c.close()
