@@ -1,17 +1,24 @@
 """Kafka over TLS on 9093: real clients produce and consume through the SSL listener."""
 
+from pathlib import Path
+
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from conftest import make_self_signed, start_broker
+from conftest import BrokerProcess, make_self_signed, start_broker
+
+
+def tls_broker(tmp_path) -> tuple[BrokerProcess, Path, dict[str, str]]:
+    """A daemon with a self-signed certificate: (broker, cert, confluent-kafka SSL settings)."""
+    cert, key = make_self_signed(tmp_path)
+    b = start_broker(tmp_path, env={"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
+    return b, cert, {"bootstrap.servers": f"127.0.0.1:{b.tls_port}",
+                     "security.protocol": "SSL", "ssl.ca.location": str(cert)}
 
 
 def test_confluent_and_kafka_python_round_trip_over_tls(tmp_path):
-    cert, key = make_self_signed(tmp_path)
-    b = start_broker(tmp_path, env={"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
-    tls = f"127.0.0.1:{b.tls_port}"
+    b, cert, common = tls_broker(tmp_path)
+    tls = common["bootstrap.servers"]
     try:
-        common = {"bootstrap.servers": tls, "security.protocol": "SSL",
-                  "ssl.ca.location": str(cert)}
         p = Producer({**common, "acks": "all"})
         offsets = []
         for i in range(100):
@@ -55,12 +62,8 @@ def test_large_requests_and_responses_stay_encrypted(tmp_path):
     saw "wrong version number" or a frame size read from record bytes)."""
     import os
 
-    cert, key = make_self_signed(tmp_path)
-    b = start_broker(tmp_path, env={"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
-    tls = f"127.0.0.1:{b.tls_port}"
+    b, _cert, common = tls_broker(tmp_path)
     try:
-        common = {"bootstrap.servers": tls, "security.protocol": "SSL",
-                  "ssl.ca.location": str(cert)}
         values = [os.urandom(n) for n in (100, 70_000, 300_000, 900_000)]
         values += [os.urandom(100) for _ in range(3000)]  # many small: large fetch responses
         p = Producer({**common, "acks": "all", "linger.ms": 50, "message.max.bytes": 1_000_000})
