@@ -92,7 +92,7 @@ def test_leader_serves_only_after_its_barrier_and_a_deposed_leader_releases_park
     first = c.join(join_request())
     result = []
     first.addCallback(result.append)
-    clock.advance(0)
+    clock.advance(Settings().kafka_group_initial_rebalance_delay_ms / 1000)  # a new group waits
     joined = result[0]
     assert joined.error is ErrorCode.none
     # A second member parks until the first rejoins.
