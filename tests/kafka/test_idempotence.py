@@ -8,7 +8,7 @@ import datetime
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from conftest import BrokerProcess, _wait_healthy, free_port, start_broker
@@ -28,12 +28,8 @@ MS = datetime.timedelta(milliseconds=1)
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    b = start_broker(tmp_path_factory.mktemp("idem"))
-    try:
-        yield b
-    finally:
-        b.stop()
+def shared(shared_broker: BrokerProcess) -> BrokerProcess:
+    return shared_broker
 
 
 def unique(name: str) -> str:
