@@ -21,7 +21,8 @@ Phases, each against a fresh 1-partition topic:
 2. produce throughput: 1 KiB records, acks=all, ``kafka_bench.PRODUCER_TUNING`` (linger.ms=5,
    batch.size=1000000, ...), ``--count`` records or ``--seconds``, whichever first; only acked
    records count; repeated ``--repeats`` times, the median is the figure;
-3. broker CPU over each phase (user+system of every broker process, all threads, % of a core).
+3. broker CPU over each phase (user+system of every broker process, all threads, % of a core),
+   and the bytes the data root's disk wrote during each produce run, per acknowledged byte.
 
 Bar (issue 4): the cluster's produce throughput with acks=all >= 50 % of the single node's.
 Prints a human summary, then one JSON line last.
@@ -140,6 +141,25 @@ def cluster(root: Path, nodes: int = 3, timeout: float = 45.0) -> Iterator[Deplo
             shutil.rmtree(work, ignore_errors=True)
 
 
+class DiskMeter:
+    """Bytes the block device under the data root wrote (``/proc/diskstats`` via psutil): how
+    many bytes reach the disk per acknowledged byte while the produce phase runs."""
+
+    def __init__(self, path: Path) -> None:
+        st = os.stat(path)
+        dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        real = dev.resolve() if dev.exists() else None
+        if real is not None and (real / "partition").exists():
+            real = real.parent  # a partition: count its disk
+        self.name = real.name if real is not None else None
+
+    def sample(self) -> int | None:
+        if self.name is None:
+            return None
+        counters = psutil.disk_io_counters(perdisk=True).get(self.name)
+        return None if counters is None else counters.write_bytes
+
+
 class Meter:
     """CPU seconds (user+system, all threads) summed over the deployment's processes."""
 
@@ -194,7 +214,8 @@ def ack_latency_phase(bootstrap: str, topic: str, seconds: float) -> dict[str, A
             "failed": failed[0] + left}
 
 
-def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
+def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None],
+        disk: DiskMeter) -> dict[str, Any]:
     meter = Meter(dep.pids)
     run_id = int(time.time())
     topic = f"cbench-{run_id}-{dep.name}-lat"
@@ -214,17 +235,25 @@ def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None]) -
                 # py-spy on every node during the first run (slows them: not a figure).
                 for i, pid in enumerate(dep.pids, 1):
                     spies.enter_context(Profiler(args.profile, pid).phase(f"{dep.name}-node{i}"))
-            before = meter.sample()
+            before, disk_before = meter.sample(), disk.sample()
             out = produce_phase(dep.bootstrap, topic, KIB, args.count, "all", args.seconds)
-            after = meter.sample()
+            after, disk_after = meter.sample(), disk.sample()
             out["cpu_pct"] = meter.pct(before, after)
             # CPU seconds each node spent per GB acknowledged: comparable across runs whose
             # throughput differs (this machine's run-to-run swing is large).
             gb = max(out["acked"] * KIB / 1e9, 1e-9)
             out["cpu_s_per_gb"] = [round((b - a) / gb, 2) for a, b in zip(before[1], after[1])]
+            # Bytes the disk wrote meanwhile per byte acknowledged (every node's fsyncs and
+            # the writeback they force; 0 on tmpfs).
+            out["disk_bytes_per_acked_byte"] = (
+                None if disk_before is None or disk_after is None
+                else round((disk_after - disk_before) / (gb * 1e9), 2))
+            out["disk_mb_s"] = (None if disk_before is None or disk_after is None
+                                else round((disk_after - disk_before) / out["seconds"] / 1e6))
         log(f"  {dep.name}: produce run {r + 1}: {out['msg_s']:,.0f} msg/s "
             f"({out['mb_s']:.0f} MB/s), acked {out['acked']:,}, failed {out['failed']}, "
-            f"broker cpu {out['cpu_pct']}, cpu-s per GB {out['cpu_s_per_gb']}")
+            f"broker cpu {out['cpu_pct']}, cpu-s per GB {out['cpu_s_per_gb']}, disk wrote "
+            f"{out['disk_mb_s']} MB/s = {out['disk_bytes_per_acked_byte']} B per acked B")
         runs.append(out)
     rates = [x["msg_s"] for x in runs]
     median = statistics.median(rates) if rates else None
@@ -234,6 +263,8 @@ def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None]) -
             "produce_failed": sum(x["failed"] for x in runs),
             "produce_cpu_pct": [x["cpu_pct"] for x in runs],
             "produce_cpu_s_per_gb": [x["cpu_s_per_gb"] for x in runs],
+            "produce_disk_mb_s": [x["disk_mb_s"] for x in runs],
+            "produce_disk_bytes_per_acked_byte": [x["disk_bytes_per_acked_byte"] for x in runs],
             "ack_p50_ms": round(lat["p50_ms"], 2), "ack_p99_ms": round(lat["p99_ms"], 2),
             "ack_max_ms": round(lat["max_ms"], 2), "ack_failed": lat["failed"],
             "ack_cpu_pct": lat["cpu_pct"], "nodes": len(dep.pids), "leader": dep.leader}
@@ -275,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             with starter() as dep:
                 log(f"{name}: {len(dep.pids)} node(s), producing to {dep.bootstrap}"
                     + (f" (raft leader {dep.leader})" if dep.leader else ""))
-                results[name] = run(dep, args, log)
+                results[name] = run(dep, args, log, DiskMeter(root))
         except Exception as e:  # noqa: BLE001 - report what failed, still print the JSON
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             log(f"  {name}: {results[name]['error']}")

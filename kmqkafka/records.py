@@ -43,6 +43,8 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_LOG_APPEND = 0x08
 TRANSACTIONAL_FLAG = 0x10
 CONTROL_FLAG = 0x20
+# KIP-534: the base timestamp holds the time the cleaner may drop this batch's tombstones
+DELETE_HORIZON_FLAG = 0x40
 
 NO_PRODUCER_ID = -1
 NO_TIMESTAMP = -1
@@ -92,6 +94,11 @@ class BatchHeader:
     @property
     def last_offset(self) -> int:
         return self.base_offset + self.last_offset_delta
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """When a cleaner may drop this batch's tombstones (KIP-534), if one stamped it."""
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_FLAG else None
 
     @property
     def record_span(self) -> int:
@@ -411,17 +418,23 @@ def build_batch(
     base_sequence: int = -1,
     offset_deltas: Sequence[int] | None = None,
     last_offset_delta: int | None = None,
+    delete_horizon_ms: int | None = None,
 ) -> bytes:
     """Encode records as one RecordBatch v2 (used for native writes and compaction).
 
     A record without a timestamp gets ``now_ms``. ``offset_deltas`` lets compaction keep
     each surviving record's original offset, and ``last_offset_delta`` the batch's original
     span (Kafka's cleaner keeps it: a producer's sequence range is read from it).
+    ``delete_horizon_ms`` becomes the base timestamp, flagged (KIP-534); record timestamps
+    stay exact, their deltas taken from it.
     """
     if not records:
         raise ValueError("a batch needs at least one record")
     stamps = [r.timestamp if r.timestamp >= 0 else now_ms for r in records]
-    base_ts = stamps[0]
+    base_ts = stamps[0] if delete_horizon_ms is None else delete_horizon_ms
+    attributes &= ~DELETE_HORIZON_FLAG
+    if delete_horizon_ms is not None:
+        attributes |= DELETE_HORIZON_FLAG
     deltas = list(offset_deltas) if offset_deltas is not None else list(range(len(records)))
     body = bytearray()
     for rec, ts, delta in zip(records, stamps, deltas):

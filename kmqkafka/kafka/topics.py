@@ -216,6 +216,7 @@ def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Invalid value {value} for configuration {name}: "
                                  "Value must be between 0 and 1")
+            changes["min_cleanable_dirty_ratio"] = ratio
         elif name in _BOOLEAN_CONFIGS:
             if value.strip().lower() not in ("true", "false"):
                 raise KafkaError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}")
@@ -229,6 +230,8 @@ _LOG_FIELDS = {
     "segment.bytes": "segment_bytes",
     "segment.ms": "segment_ms",
     "delete.retention.ms": "delete_retention_ms",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
     "index.interval.bytes": "index_interval_bytes",
 }
 

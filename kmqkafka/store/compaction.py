@@ -6,10 +6,12 @@ Flow (see ``ChannelLog.compaction_plan`` / ``install_compaction``)::
     result = plan.run()                  # any thread: pure file work, fsyncs its output
     log.install_compaction(result)       # reactor: rename in if still unchanged
 
-For every key only the record with the highest Sequence survives; records with a
-null key are kept; tombstones (null value) are dropped once their batch's
-maxTimestamp is older than ``now - delete_retention_ms``; control batches are kept
-untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
+For every key only the record with the highest Sequence survives (the key map covers
+the cleanable segments only: ``ChannelLog.compaction_plan``); records with a null key
+are dropped, as Kafka's cleaner does; a tombstone (null value) is kept by the first
+clean that sees it, which stamps its batch with a delete horizon of now +
+``delete_retention_ms`` (KIP-534), and dropped by a clean after that horizon; control
+batches are kept untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
 offset, span (last offset delta), codec, attributes, producer id/epoch, base sequence and
 leader epoch, with offset deltas that leave gaps. A batch left without records disappears;
 a segment may become an empty file (it is kept so log_start never moves). A batch of an
@@ -76,6 +78,8 @@ class CleanedSegment:
 class CompactionResult:
     segments: list[CleanedSegment]
     records_removed: int = 0
+    bound: int = 0  # the plan's key-map bound: everything below it is clean now
+    tombstones_due: int | None = None  # earliest delete horizon of a tombstone kept
 
 
 @dataclass
@@ -99,16 +103,16 @@ class CompactionPlan:
         """Build the key map, rewrite the segments that change, fsync the output."""
         try:
             latest = self._key_map()
-            horizon = self.now_ms - self.delete_retention_ms
             out: list[CleanedSegment] = []
             removed = 0
+            self._due: int | None = None
             for src in self.sources:
                 if src.clean:
-                    cleaned, n = self._clean(src, latest, horizon)
+                    cleaned, n = self._clean(src, latest)
                     removed += n
                     if cleaned is not None:
                         out.append(cleaned)
-            return CompactionResult(out, removed)
+            return CompactionResult(out, removed, self.bound, self._due)
         finally:
             self.close()
 
@@ -134,7 +138,7 @@ class CompactionPlan:
         return latest
 
     def _clean(
-        self, src: SegmentSource, latest: dict[bytes, int], horizon: int
+        self, src: SegmentSource, latest: dict[bytes, int]
     ) -> tuple[CleanedSegment | None, int]:
         builder = IndexBuilder(self.interval)
         floor = self.producer_floor
@@ -152,17 +156,28 @@ class CompactionPlan:
                     keep = batch
                 else:
                     recs = list(records.iter_records(batch))
+                    horizon = header.delete_horizon_ms
+                    expired = horizon is not None and self.now_ms >= horizon
                     kept = [
                         r for r in recs
-                        if (r.key is None or latest.get(r.key, r.offset + 1) == r.offset + 1)
-                        and not (r.value is None and header.max_timestamp < horizon)
+                        if r.key is not None  # Kafka's cleaner drops keyless records
+                        and latest.get(r.key, r.offset + 1) == r.offset + 1
+                        and not (r.value is None and expired)
                     ]
                     removed += len(recs) - len(kept)
-                    if len(kept) == len(recs):
+                    tombstones = any(r.value is None for r in kept)
+                    if tombstones and horizon is None:
+                        # First clean to keep a tombstone: it stays delete.retention.ms from
+                        # now, whatever its own timestamp says (Kafka's delete horizon).
+                        horizon = self.now_ms + self.delete_retention_ms
+                    if tombstones:
+                        self._due = horizon if self._due is None else min(self._due, horizon)
+                    if len(kept) == len(recs) and horizon == header.delete_horizon_ms:
                         keep = batch
                     elif kept:
                         changed = True
-                        keep = _rebuild(header, kept, self.now_ms)
+                        keep = _rebuild(header, kept, self.now_ms,
+                                        horizon if tombstones else None)
                     elif (floor is not None and header.producer_id >= 0
                           and header.base_offset + 1 + header.last_offset_delta >= floor):
                         changed = True  # the producer's state is read from this header
@@ -205,7 +220,8 @@ class CompactionPlan:
         ), removed
 
 
-def _rebuild(header: records.BatchHeader, kept: list[records.Record], now_ms: int) -> bytearray:
+def _rebuild(header: records.BatchHeader, kept: list[records.Record], now_ms: int,
+             delete_horizon_ms: int | None) -> bytearray:
     """Re-encode the surviving records of one batch, keeping their offsets and metadata."""
     batch = bytearray(records.build_batch(
         [records.NewRecord(value=r.value, key=r.key, headers=r.headers, timestamp=r.timestamp)
@@ -219,6 +235,7 @@ def _rebuild(header: records.BatchHeader, kept: list[records.Record], now_ms: in
         base_sequence=header.base_sequence,
         offset_deltas=[r.offset - header.base_offset for r in kept],
         last_offset_delta=header.last_offset_delta,
+        delete_horizon_ms=delete_horizon_ms,
     ))
     records.set_partition_leader_epoch(batch, header.partition_leader_epoch)
     return batch

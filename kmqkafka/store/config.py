@@ -25,11 +25,20 @@ class LogConfig:
     retention_messages: int | None = None  # MaxMsgs
     cleanup_policy: str = CLEANUP_DELETE  # "delete", "compact" or "compact,delete"
     delete_retention_ms: int = 24 * 3600 * 1000  # how long tombstones survive compaction
+    min_compaction_lag_ms: int = 0  # a segment newer than this is not compacted yet
+    max_compaction_lag_ms: int = (1 << 63) - 1  # compact (and roll) once dirt is this old
+    min_cleanable_dirty_ratio: float = 0.5  # clean once dirty / (clean + dirty) exceeds this
     max_message_bytes: int = 1024 * 1024
 
     @property
     def compact(self) -> bool:
         return CLEANUP_COMPACT in self.cleanup_policy.split(",")
+
+    @property
+    def roll_ms(self) -> int:
+        """Longest a segment stays active: Kafka's ``maxSegmentMs`` (a compacted topic also
+        rolls by ``max.compaction.lag.ms``, or its newest records could never be cleaned)."""
+        return min(self.segment_ms, self.max_compaction_lag_ms) if self.compact else self.segment_ms
 
     @property
     def delete(self) -> bool:

@@ -117,6 +117,17 @@ class FlushToken:
                 raise
 
 
+def _waited_for_roll(active: Segment, batch_max_ts: int, now_ms: int) -> int:
+    """How long the active segment has been filling, as Kafka's ``timeWaitedForRoll``: by
+    record time (the incoming batch's max timestamp less the segment's first batch's) when
+    both are known, else by this broker's clock since the segment's first append."""
+    if active.first_batch_ts is not None and batch_max_ts >= 0:
+        return batch_max_ts - active.first_batch_ts
+    if active.first_append_ms is None:
+        return 0
+    return now_ms - active.first_append_ms
+
+
 class ChannelLog:
     """Append-only log of RecordBatch v2 batches; batch baseOffset = first Sequence - 1."""
 
@@ -133,7 +144,11 @@ class ChannelLog:
         self._next = 1
         self._durable = 1
         self._dirty_fds: dict[int, None] = {}
-        self._last_plan: tuple[Any, int] | None = None  # segments and time of the last plan
+        # Compaction progress (this process only; a restart counts everything as dirty once):
+        # the Sequence the last clean covered up to, and when the earliest tombstone it kept
+        # reaches its delete horizon (a pass is due then even without new dirt).
+        self._cleaned_to = 0
+        self._tombstones_due: int | None = None
         self._fd_refs: dict[int, int] = {}
         self._retired_fds: set[int] = set()
         self._index_jobs: list = []
@@ -267,6 +282,7 @@ class ChannelLog:
                 first_ts = scan.first_timestamp
                 if seg.size:
                     seg.first_append_ms = first_ts if 0 <= first_ts <= now_ms else now_ms
+                    seg.first_batch_ts = first_ts if first_ts >= 0 else None
                 break
             # A closed segment without a usable index: write it now (start-up may block).
             seg.end = upper
@@ -385,7 +401,7 @@ class ChannelLog:
         cfg = self._config
         if active.size and (
             active.size + len(buf) > cfg.segment_bytes
-            or (active.first_append_ms is not None and now_ms - active.first_append_ms > cfg.segment_ms)
+            or _waited_for_roll(active, header.max_timestamp, now_ms) > cfg.roll_ms
         ):
             self._roll()
             active = self._active
@@ -398,6 +414,8 @@ class ChannelLog:
         active.size = pos + len(buf)
         if active.first_append_ms is None:
             active.first_append_ms = now_ms
+            ts = header.max_timestamp
+            active.first_batch_ts = ts if ts >= 0 else None
         builder = active.builder
         builder.add(first - active.base, pos, header.max_timestamp)
         active.max_timestamp = builder.max_timestamp
@@ -681,37 +699,58 @@ class ChannelLog:
     # --- compaction -----------------------------------------------------------------
 
     def compaction_plan(self, now_ms: int) -> CompactionPlan | None:
-        """Snapshot closed, indexed segments to clean (None if not compacting or nothing to do).
+        """Snapshot the cleanable segments (None if not compacting or nothing is due).
 
-        The plan holds its own fds, so later retention or closes cannot disturb it.
-        The key map covers every segment up to durable_sequence.
+        Cleanable, as Kafka's ``LogCleanerManager.cleanableOffsets``: closed, indexed segments
+        up to the active one, stopping at the first whose newest record is younger than
+        ``min.compaction.lag.ms``; the key map covers exactly those (records in the active
+        segment do not supersede anything yet). A pass is due when the dirty share of those
+        bytes (written since the last clean) exceeds ``min.cleanable.dirty.ratio``, when the
+        oldest dirt is older than ``max.compaction.lag.ms``, or when a kept tombstone's delete
+        horizon has passed. The plan holds its own fds, so later retention or closes cannot
+        disturb it.
         """
-        if not self._config.compact:
+        cfg = self._config
+        if not cfg.compact:
             return None
-        candidates = [s for s in self._segments[:-1] if s.builder is None and s.offsets is not None]
-        if not candidates:
+        cleanable: list[Segment] = []
+        for seg in self._segments[:-1]:
+            if seg.builder is not None or seg.offsets is None:
+                break  # its index is still being written
+            if cfg.min_compaction_lag_ms > 0 and seg.max_timestamp > now_ms - cfg.min_compaction_lag_ms:
+                break
+            cleanable.append(seg)
+        if not cleanable:
             return None
-        # A pass over unchanged segments changes nothing, unless tombstones may have aged out
-        # since the last one: skip it (passes come every 15 s, Kafka's cleaner backoff).
-        shape = tuple((seg.base, seg.generation, seg.size) for seg in self._segments)
-        last = self._last_plan
-        if (last is not None and last[0] == shape
-                and now_ms - last[1] < self._config.delete_retention_ms):
+        bound = min(self._durable, cleanable[-1].end)
+        dirty = [seg for seg in cleanable if seg.end > self._cleaned_to]
+        dirty_bytes = sum(seg.size for seg in dirty)
+        total = sum(seg.size for seg in cleanable)
+        oldest = min((seg.first_batch_ts if seg.first_batch_ts is not None else seg.max_timestamp
+                      for seg in dirty), default=None)
+        due = (
+            (dirty_bytes and total and dirty_bytes / total > cfg.min_cleanable_dirty_ratio)
+            or (dirty_bytes and oldest is not None and oldest >= 0
+                and now_ms - oldest > cfg.max_compaction_lag_ms)
+            or (self._tombstones_due is not None and now_ms >= self._tombstones_due)
+        )
+        if not due:
             return None
-        self._last_plan = (shape, now_ms)
         sources = []
-        for seg in self._segments:
+        for seg in cleanable:
             if not seg.size:
                 continue
             sources.append(SegmentSource(seg.base, seg.generation, seg.size,
-                                         os.open(seg.path(), os.O_RDONLY), seg in candidates))
+                                         os.open(seg.path(), os.O_RDONLY), True))
+        if not sources:
+            return None
         return CompactionPlan(
             directory=self._dir,
             sources=sources,
-            bound=self._durable,
+            bound=bound,
             now_ms=now_ms,
-            delete_retention_ms=self._config.delete_retention_ms,
-            interval=self._config.index_interval_bytes,
+            delete_retention_ms=cfg.delete_retention_ms,
+            interval=cfg.index_interval_bytes,
             producer_floor=self.producer_floor if self.producers is not None else None,
             owner=self,
         )
@@ -723,6 +762,8 @@ class ChannelLog:
         directory fsync rides on the next flush (either version of a file is valid).
         """
         installed = 0
+        self._cleaned_to = max(self._cleaned_to, result.bound)
+        self._tombstones_due = result.tombstones_due
         for cleaned in result.segments:
             i = bisect.bisect_left(self._bases, cleaned.base)
             seg = self._segments[i] if i < len(self._segments) else None

@@ -184,7 +184,7 @@ class Segment:
     __slots__ = (
         "directory", "base", "end", "size", "max_timestamp", "max_timestamp_rel",
         "builder", "offsets", "times", "write_fd", "read_fd", "first_append_ms",
-        "generation",
+        "first_batch_ts", "generation",
     )
 
     def __init__(self, directory: Path, base: int) -> None:
@@ -200,6 +200,9 @@ class Segment:
         self.write_fd: int | None = None
         self.read_fd: int | None = None
         self.first_append_ms: int | None = None
+        # maxTimestamp of the segment's first batch (Kafka's rollingBasedTimestamp); None if
+        # unknown (a closed segment after a restart) or the batch had no timestamp
+        self.first_batch_ts: int | None = None
         self.generation = 0
 
     def path(self, suffix: str = LOG_SUFFIX) -> Path:

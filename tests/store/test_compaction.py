@@ -53,11 +53,13 @@ def test_latest_value_per_key_survives_with_its_sequence(tmp_path: Path) -> None
     next_before, start_before = log.next_sequence, log.log_start
     assert _compact(log, 0) > 0
     kv = _kv(log)
-    latest = {key: i + 1 for i, key in enumerate(keys) if key is not None}
     closed_end = log._segments[-1].base
+    # Only closed segments are cleaned and only they feed the key map (Kafka's cleanable
+    # range ends at the active segment); keyless records do not survive a clean.
+    latest = {key: i + 1 for i, key in enumerate(keys) if key is not None and i + 1 < closed_end}
     for i, key in enumerate(keys):
         seq = i + 1
-        survives = key is None or latest[key] == seq or seq >= closed_end
+        survives = seq >= closed_end or (key is not None and latest[key] == seq)
         assert ((seq, key, b"v%02d" % i) in kv) == survives, (seq, key)
     assert (log.next_sequence, log.log_start) == (next_before, start_before)
     assert log.append(make_batch(1), 0)[0] == next_before
@@ -69,18 +71,83 @@ def test_latest_value_per_key_survives_with_its_sequence(tmp_path: Path) -> None
     log.close()
 
 
-def test_tombstones_are_removed_only_after_the_window(tmp_path: Path) -> None:
+def test_tombstones_stay_delete_retention_ms_after_the_clean_that_kept_them(tmp_path: Path) -> None:
+    """Kafka's delete horizon (KIP-534): the first clean stamps the tombstone's batch with
+    now + delete.retention.ms, however old the tombstone's own timestamp is; a clean after
+    that horizon drops it."""
     log = ChannelLog.open(tmp_path, COMPACT, 0)
     log.append(make_batch(1, key=b"x", value=b"old", ts=100), 100)
     log.append(make_batch(1, key=b"x", values=[None], ts=100), 100)  # tombstone, Sequence 2
     for i in range(10):
         log.append(make_batch(1, key=b"other%d" % i, value=b"p" * 60, ts=100), 100)
     flush(log)
-    _compact(log, 500)  # within delete_retention_ms of 1000
+    _compact(log, 50_000)  # the tombstone's timestamp is far older than delete_retention_ms
     assert [(s, k, v) for s, k, v in _kv(log) if k == b"x"] == [(2, b"x", None)]
-    _compact(log, 1_200)
+    stamped = [records.read_header(b) for b in log.read(1, 1 << 20).batches]
+    assert stamped[0].delete_horizon_ms == 51_000
+    assert [r.timestamp for r in records.iter_records(log.read(2, 1 << 20).batches[0])] == [100]
+    assert _compact(log, 50_900) == 0  # nothing new to clean, horizon not reached
+    log = reopen(log)  # the horizon is in the batch: a restart keeps it
+    _compact(log, 50_900)
+    assert [(s, k, v) for s, k, v in _kv(log) if k == b"x"] == [(2, b"x", None)]
+    _compact(log, 51_000)
     assert [(s, k, v) for s, k, v in _kv(log) if k == b"x"] == []
     assert log.log_start == 1
+    log.close()
+
+
+def test_active_segment_and_min_compaction_lag_bound_the_clean(tmp_path: Path) -> None:
+    """Records in the active segment, or in segments younger than min.compaction.lag.ms,
+    neither get cleaned nor supersede older ones (Kafka's firstUncleanableOffset)."""
+    log = ChannelLog.open(tmp_path, COMPACT.with_changes(segment_bytes=1 << 20), 0)
+    log.append(make_batch(1, key=b"a", values=[b"1"], ts=10), 10)
+    log.append(make_batch(1, key=b"a", values=[b"2"], ts=10), 10)
+    log.roll()
+    log.append(make_batch(1, key=b"a", values=[b"3"], ts=20), 20)  # active segment
+    flush(log)
+    _compact(log, 30)
+    assert [(s, v) for s, _k, v in _kv(log)] == [(2, b"2"), (3, b"3")]
+    lagged = ChannelLog.open(tmp_path / "lag", COMPACT.with_changes(
+        segment_bytes=1 << 20, min_compaction_lag_ms=1_000), 0)
+    for v in (b"1", b"2"):
+        lagged.append(make_batch(1, key=b"a", values=[v], ts=500), 500)
+    lagged.roll()
+    lagged.append(make_batch(1, key=b"b", values=[b"x"], ts=600), 600)
+    flush(lagged)
+    assert _compact(lagged, 1_400) == 0  # newest record 900 ms old: not yet
+    assert len(_kv(lagged)) == 3
+    _compact(lagged, 1_600)
+    assert [(s, v) for s, _k, v in _kv(lagged)] == [(2, b"2"), (3, b"x")]
+    lagged.close()
+    log.close()
+
+
+def test_dirty_ratio_and_max_compaction_lag_decide_when_a_pass_runs(tmp_path: Path) -> None:
+    never = ChannelLog.open(tmp_path, COMPACT.with_changes(min_cleanable_dirty_ratio=1.0), 0)
+    for i in range(12):
+        never.append(make_batch(1, key=b"same", value=b"p" * 60, ts=0), 0)
+    flush(never)
+    assert never.compaction_plan(10) is None  # a never-cleaned log is 100 % dirty: not > 1.0
+    never.set_config(never.config.with_changes(max_compaction_lag_ms=5_000))
+    assert never.compaction_plan(4_000) is None
+    assert _compact(never, 6_000) > 0  # dirt older than max.compaction.lag.ms: clean now
+    never.close()
+    rolled = ChannelLog.open(tmp_path / "roll", COMPACT.with_changes(
+        segment_bytes=1 << 20, max_compaction_lag_ms=2_000), 0)
+    rolled.append(make_batch(1, key=b"a", values=[b"1"], ts=1_000), 1_000)
+    rolled.append(make_batch(1, key=b"a", values=[b"2"], ts=2_500), 2_500)
+    assert rolled.segment_count == 1
+    rolled.append(make_batch(1, key=b"a", values=[b"3"], ts=3_100), 3_100)  # 2.1 s of record time
+    assert rolled.segment_count == 2
+    rolled.close()
+
+
+def test_segment_ms_counts_record_time(tmp_path: Path) -> None:
+    """Kafka rolls by the incoming batch's timestamp against the segment's first batch's."""
+    log = ChannelLog.open(tmp_path, LogConfig(segment_ms=600_000), 0)
+    log.append(make_batch(1, values=[b"old"], ts=1_000), 7_200_000)
+    log.append(make_batch(1, values=[b"new"], ts=7_200_000), 7_200_001)
+    assert log.segment_count == 2
     log.close()
 
 
@@ -164,12 +231,10 @@ def test_compaction_matches_a_model(batches, now, restart) -> None:
         if restart:
             log = reopen(log)
         closed_end = log._segments[-1].base
-        latest = {k: s for s, k, _, _ in model if k is not None}
-        want = [
-            (s, k, v) for s, k, v, ts in model
-            if s >= closed_end
-            or ((k is None or latest[k] == s) and not (v is None and ts < now - 1_000))
-        ]
+        latest = {k: s for s, k, _, _ in model if k is not None and s < closed_end}
+        # keyless records go; tombstones stay (the first clean only stamps their horizon)
+        want = [(s, k, v) for s, k, v, ts in model
+                if s >= closed_end or (k is not None and latest[k] == s)]
         assert _kv(log) == want
         assert log.next_sequence == len(model) + 1 and log.log_start == 1
         # compacting again changes nothing
@@ -179,19 +244,19 @@ def test_compaction_matches_a_model(batches, now, restart) -> None:
         log.close()
 
 
-def test_a_pass_over_unchanged_segments_is_skipped_until_tombstones_may_expire(
-        tmp_path: Path) -> None:
-    """Passes come every 15 s (Kafka's cleaner backoff): one that would read every closed
-    segment again to change nothing is skipped, until new segments close or
-    ``delete.retention.ms`` has passed since the last (tombstones may have aged out)."""
+def test_a_pass_runs_only_for_new_dirt_or_due_tombstones(tmp_path: Path) -> None:
+    """Passes come every 15 s (Kafka's cleaner backoff): after a clean, the next one waits
+    for enough new dirt (``min.cleanable.dirty.ratio``) or a kept tombstone's horizon."""
     log = ChannelLog.open(tmp_path, COMPACT, 0)
     for i in range(12):
         log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"v%02d" % i]), 0)
+    log.append(make_batch(1, key=b"gone", values=[None]), 0)
+    for i in range(6):
+        log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"u%02d" % i]), 0)
     flush(log)
     assert _compact(log, 0) > 0
-    assert log.compaction_plan(10) is not None      # the cleaned segments are new: once more
-    assert log.compaction_plan(20) is None          # nothing changed since
-    assert log.compaction_plan(20 + COMPACT.delete_retention_ms) is not None
+    assert log.compaction_plan(10) is None          # nothing new since
+    assert log.compaction_plan(COMPACT.delete_retention_ms) is not None  # the tombstone's due
     for i in range(12):
         log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"w%02d" % i]), 2_000)
     flush(log)

@@ -120,19 +120,21 @@ def test_max_bytes_and_min_one(log: ChannelLog) -> None:
 
 def test_roll_by_size_and_age(tmp_path: Path) -> None:
     log = ChannelLog.open(tmp_path, LogConfig(segment_bytes=1_000, segment_ms=100), 0)
-    big = make_batch(1, value=b"x" * 600)
+    big = make_batch(1, value=b"x" * 600, ts=0)
     log.append(big, 0)
     log.append(big, 0)  # would exceed 1000: rolls first
     assert log.segment_count == 2
-    log.append(make_batch(1), 50)  # 600 + small fits
+    log.append(make_batch(1, ts=50), 50)  # 600 + small fits
     assert log.segment_count == 2
-    log.append(make_batch(1), 200)  # the active segment's first append was at 0: too old
+    log.append(make_batch(1, ts=200), 200)  # the segment's first batch is from 0: too old
     assert log.segment_count == 3
+    log.append(make_batch(1, ts=-1), 500)  # no timestamp: the broker's clock since the first
+    assert log.segment_count == 4          # append (at 200) decides
     huge = make_batch(1, value=b"y" * 5_000)
     log.append(huge, 200)  # bigger than a segment: goes alone in a fresh segment
-    assert log.segment_count == 4
+    assert log.segment_count == 5
     flush(log)
-    assert [r.offset + 1 for r in all_records(log)] == [1, 2, 3, 4, 5]
+    assert [r.offset + 1 for r in all_records(log)] == [1, 2, 3, 4, 5, 6]
     log.close()
 
 
