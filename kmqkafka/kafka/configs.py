@@ -90,6 +90,25 @@ _BROKER_SYNONYM: dict[str, str] = {
     "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
     "message.format.version": "log.message.format.version",
 }
+# Kafka's broker defaults for these are set in hours (the *.ms synonyms default to null,
+# and Kafka lists only synonyms that have a value).
+_HOURS_SYNONYM = {"retention.ms": "log.retention.hours", "segment.ms": "log.roll.hours",
+                  "segment.jitter.ms": "log.roll.jitter.hours"}
+# log.flush.interval.ms defaults to null, so Kafka names the scheduler's interval instead.
+_NULL_SYNONYM = {"flush.ms": "log.flush.scheduler.interval.ms"}
+_HOUR_MS = 3600 * 1000
+
+
+def _default_synonym(name: str, default: str) -> tuple[str, str] | None:
+    """The broker config Kafka reports as supplying topic config ``name``'s default, with its
+    value; None where the broker has no such config (tiered storage, throttles)."""
+    hours = _HOURS_SYNONYM.get(name)
+    if hours is not None and default.lstrip("-").isdigit() and int(default) % _HOUR_MS == 0:
+        return hours, str(int(default) // _HOUR_MS)
+    if name in _NULL_SYNONYM:
+        return _NULL_SYNONYM[name], default
+    broker = _BROKER_SYNONYM.get(name)
+    return None if broker is None else (broker, default)
 
 _DOCS: dict[str, str] = {
     "cleanup.policy": "delete, compact or both: how old segments of each partition's channel "
@@ -100,7 +119,7 @@ _DOCS: dict[str, str] = {
     "segment.bytes": "Size at which a partition's channel rolls to a new segment.",
     "segment.ms": "Age at which a partition's channel rolls to a new segment.",
     "max.message.bytes": "Largest record batch a partition accepts.",
-    "delete.retention.ms": "How long tombstones survive compaction.",
+    "delete.retention.ms": "How long a tombstone survives after the clean that first kept it.",
     "compression.type": "Codec batches are stored with; 'producer' keeps what the client sent "
                         "(this broker always stores batches as sent).",
     "compression.gzip.level": "gzip level for broker-side recompression (accepted; batches are "
@@ -124,13 +143,13 @@ _DOCS: dict[str, str] = {
                              "storage here).",
     "local.retention.ms": "Tiered storage: time kept locally (accepted; no tiered storage "
                           "here).",
-    "max.compaction.lag.ms": "Longest a record may stay uncompacted (accepted; must not be "
-                             "below min.compaction.lag.ms).",
-    "min.compaction.lag.ms": "Shortest time a record stays uncompacted (accepted; must not "
-                             "exceed max.compaction.lag.ms).",
-    "min.cleanable.dirty.ratio": "Share of uncleaned log that makes a partition due for "
-                                 "compaction (accepted; a pass runs once closed segments "
-                                 "changed).",
+    "max.compaction.lag.ms": "Longest a record may stay uncompacted: a compacted partition "
+                             "rolls, and is cleaned whatever its dirty ratio, once its oldest "
+                             "dirty record is this old.",
+    "min.compaction.lag.ms": "Shortest time a record stays uncompacted: segments holding "
+                             "newer records are not cleaned yet.",
+    "min.cleanable.dirty.ratio": "Share of not-yet-cleaned bytes in the closed segments that "
+                                 "makes a partition due for compaction.",
     "message.downconversion.enable": "Down-conversion for old fetch versions (accepted; "
                                      "fetch v4 and later need none).",
     "message.format.version": "Record format of old brokers (accepted; batches are always "
@@ -220,7 +239,9 @@ def topic_config_entries(topic: Topic, names: Iterable[str] | None = None,
             synonyms.append((name, value, SOURCE_DYNAMIC_TOPIC))
         else:
             value, source = default, SOURCE_DEFAULT
-        synonyms.append((_BROKER_SYNONYM.get(name, name), default, SOURCE_DEFAULT))
+        broker = _default_synonym(name, default)
+        if broker is not None:
+            synonyms.append((broker[0], broker[1], SOURCE_DEFAULT))
         out.append(ConfigEntry(name, value, source, False, _TOPIC_TYPES.get(name, LONG),
                                tuple(synonyms), _DOCS.get(name)))
     return out
@@ -252,11 +273,12 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
     }
     defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}
-    for topic_name, broker_name in _BROKER_SYNONYM.items():
-        if broker_name not in values:
-            values[broker_name] = (defaults[topic_name], SOURCE_DEFAULT,
-                                   _TOPIC_TYPES.get(topic_name, LONG))
-    topic_of = {broker_name: topic_name for topic_name, broker_name in _BROKER_SYNONYM.items()}
+    topic_of: dict[str, str] = {}
+    for topic_name in _BROKER_SYNONYM:
+        broker_name, value = _default_synonym(topic_name, defaults[topic_name]) or (None, None)
+        if broker_name is not None and broker_name not in values:
+            values[broker_name] = (value, SOURCE_DEFAULT, _TOPIC_TYPES.get(topic_name, LONG))
+            topic_of[broker_name] = topic_name
     return [ConfigEntry(name, value, source, True, kind, ((name, value, source),),
                         _BROKER_DOCS.get(name) or _DOCS.get(topic_of.get(name, "")))
             for name, (value, source, kind) in sorted(values.items())]
