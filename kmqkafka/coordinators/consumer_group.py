@@ -276,7 +276,10 @@ class ConsumerGroupCoordinator:
         session_timeout_ms: int = DEFAULT_SESSION_TIMEOUT_MS,
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
         new_id: Callable[[], str] | None = None,
+        group_configs: Any = None,
     ) -> None:
+        """``group_configs`` (``kafka.group_configs.GroupConfigs``) holds per-group overrides
+        of the session timeout and heartbeat interval (Kafka's GROUP config resource)."""
         self.clock = clock
         self.store = store
         self.topics = topics
@@ -285,6 +288,7 @@ class ConsumerGroupCoordinator:
         self.max_group_size = max_group_size
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.group_configs = group_configs
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
         self.groups: dict[str, ConsumerGroup] = {}
         self.loaded = False
@@ -419,7 +423,7 @@ class ConsumerGroupCoordinator:
             req.owned is not None and member.state != UNREVOKED
             and _pairs(req.owned) != _pairs(member.assigned))
         result = HeartbeatResult(ErrorCode.none, None, member.member_id, member.epoch,
-                                 self.heartbeat_interval_ms,
+                                 self._heartbeat_ms(group),
                                  dict(member.assigned) if send else None)
         return self._persist(group, extra).addCallbacks(
             lambda _: result,
@@ -720,8 +724,18 @@ class ConsumerGroupCoordinator:
         if member.session_timer is not None and member.session_timer.active():
             member.session_timer.cancel()
         member.session_timer = self.clock.callLater(
-            self.session_timeout_ms / 1000.0, self._expire, group, member,
+            self._session_ms(group) / 1000.0, self._expire, group, member,
             "expired (session timeout)")
+
+    def _session_ms(self, group: ConsumerGroup) -> int:
+        if self.group_configs is None:
+            return self.session_timeout_ms
+        return self.group_configs.session_timeout_ms(group.group_id)
+
+    def _heartbeat_ms(self, group: ConsumerGroup) -> int:
+        if self.group_configs is None:
+            return self.heartbeat_interval_ms
+        return self.group_configs.heartbeat_interval_ms(group.group_id)
 
     def _start_revocation_timer(self, group: ConsumerGroup, member: ConsumerMember) -> None:
         self._stop_revocation_timer(member)

@@ -9,7 +9,9 @@ message size take effect on the store).
 Broker resources describe a read-only set taken from the daemon's settings
 (resource name ``""`` is the cluster-wide dynamic default, which is empty here);
 altering one answers INVALID_REQUEST, since broker settings come from the
-environment, options or the TOML file. Other resource types are INVALID_REQUEST.
+environment, options or the TOML file. Group resources (Kafka 4's per-group session timeout
+and heartbeat interval) are described and altered through ``kafka.group_configs``. Other
+resource types are INVALID_REQUEST.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
+from kmqkafka.kafka.group_configs import RESOURCE_GROUP
 from kmqkafka.kafka.topics import TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog, validate_topic_name
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
@@ -327,6 +330,10 @@ def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> l
             raise KafkaError(ErrorCode.unknown_topic_or_partition,
                              f"The topic '{res.resource_name}' does not exist.")
         return topic_config_entries(topic, keys, broker_topic_defaults(ctx))
+    if res.resource_type == RESOURCE_GROUP:
+        return [ConfigEntry(name, value, source, False, kind, synonyms, doc)
+                for name, value, source, kind, synonyms, doc
+                in _group_configs(ctx).entries(res.resource_name, keys)]
     if res.resource_type == RESOURCE_BROKER:
         if res.resource_name == "":
             return []  # no dynamic cluster-wide defaults exist here
@@ -339,6 +346,12 @@ def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> l
                      f"Unsupported resource type: {res.resource_type}")
 
 
+def _group_configs(ctx: RequestContext) -> Any:
+    from kmqkafka.kafka import consumer_groups  # the coordinator creates them
+    consumer_groups.install(ctx.broker)
+    return ctx.broker.extras["group_configs"]
+
+
 def _check_broker(ctx: RequestContext, name: str) -> None:
     me = identity.node_id(ctx.broker)
     if name != str(me):
@@ -348,6 +361,30 @@ def _check_broker(ctx: RequestContext, name: str) -> None:
 
 
 # --- AlterConfigs and IncrementalAlterConfigs -------------------------------------------
+
+
+def _alter_group(ctx: RequestContext, res: Any, incremental: bool,
+                 validate_only: bool) -> Deferred:
+    """SET / DELETE on a group's overrides (Kafka accepts GROUP only incrementally)."""
+    if not incremental:
+        raise KafkaError(ErrorCode.invalid_request,
+                         "AlterConfigs does not support the GROUP resource; use "
+                         "IncrementalAlterConfigs")
+    changes: dict[str, str | None] = {}
+    for cfg in res.configs:
+        op = cfg.config_operation
+        if op == OP_SET:
+            if cfg.value is None:
+                raise KafkaError(ErrorCode.invalid_request,
+                                 f"Null value not supported for : {cfg.name}")
+            changes[cfg.name] = cfg.value
+        elif op == OP_DELETE:
+            changes[cfg.name] = None
+        else:
+            raise KafkaError(ErrorCode.invalid_config,
+                             f"Can't {'APPEND' if op == OP_APPEND else 'SUBTRACT'} to key "
+                             f"{cfg.name} because its type is not LIST.")
+    return _group_configs(ctx).alter(res.resource_name, changes, validate_only=validate_only)
 
 
 def alter_configs(request: Any, ctx: RequestContext) -> Deferred:
@@ -406,6 +443,8 @@ def _alter_resource(ctx: RequestContext, topics: TopicCatalog, res: Any, increme
                          "Cannot update these configs dynamically: "
                          f"{', '.join(sorted(names))} (broker settings are read-only here; set "
                          "them in the environment, options or the TOML file)")
+    if res.resource_type == RESOURCE_GROUP:
+        return _alter_group(ctx, res, incremental, validate_only)
     if res.resource_type != RESOURCE_TOPIC:
         raise KafkaError(ErrorCode.invalid_request,
                          f"Unsupported resource type: {res.resource_type}")

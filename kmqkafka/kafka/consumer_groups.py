@@ -26,6 +26,7 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
 from kmqkafka.kafka import groups
 from kmqkafka.kafka.context import Broker, RequestContext
+from kmqkafka.kafka.group_configs import GroupConfigs
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
@@ -39,11 +40,14 @@ def install(broker: Broker) -> ConsumerGroupCoordinator:
         return existing
     classic = groups.install(broker)
     settings = broker.settings
+    session_ms = getattr(settings, "kafka_consumer_session_timeout_ms", 45000)
+    heartbeat_ms = getattr(settings, "kafka_consumer_heartbeat_interval_ms", 5000)
+    configs = broker.extras.setdefault("group_configs", GroupConfigs(
+        broker.store, session_timeout_ms=session_ms, heartbeat_interval_ms=heartbeat_ms))
     coordinator = ConsumerGroupCoordinator(
         broker.reactor, broker.store, broker.extras["topics"], classic,
-        max_groups=settings.kafka_max_groups,
-        session_timeout_ms=getattr(settings, "kafka_consumer_session_timeout_ms", 45000),
-        heartbeat_interval_ms=getattr(settings, "kafka_consumer_heartbeat_interval_ms", 5000))
+        max_groups=settings.kafka_max_groups, session_timeout_ms=session_ms,
+        heartbeat_interval_ms=heartbeat_ms, group_configs=configs)
     classic.consumer_groups = coordinator
     broker.extras["consumer_groups"] = coordinator
     broker.extras["topics"].on_partitions_added(

@@ -424,3 +424,50 @@ def test_a_resource_named_twice_and_legacy_nulls_change_nothing(kafka: BrokerPro
     configs = describe(admin, "ac-dup")
     assert configs["retention.ms"].is_default and configs["retention.bytes"].is_default
     assert configs["cleanup.policy"].value == "compact"
+
+
+def test_group_configs_describe_alter_and_reach_the_coordinator(kafka: BrokerProcess,
+                                                                admin: AdminClient) -> None:
+    """Kafka 4's GROUP config resource: defaults for any group, per-group overrides set and
+    deleted incrementally, bad names and values refused, and a member's next heartbeat
+    answer carries the overridden interval."""
+    import datetime
+    import uuid
+
+    from confluent_kafka.admin import ResourceType
+
+    from kio.static.primitive import i32, i32Timedelta
+    from test_admin import call
+
+    group = f"cfg-group-{uuid.uuid4().hex[:8]}"
+    res = ConfigResource(ResourceType.GROUP, group)
+    described = admin.describe_configs([res])[res].result(WAIT)
+    assert described["consumer.session.timeout.ms"].value == "45000"
+    assert described["consumer.heartbeat.interval.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    def alter(*entries: ConfigEntry) -> None:
+        target = ConfigResource(ResourceType.GROUP, group, incremental_configs=list(entries))
+        admin.incremental_alter_configs([target])[target].result(WAIT)
+
+    alter(ConfigEntry("consumer.heartbeat.interval.ms", "7000",
+                      incremental_operation=AlterConfigOpType.SET))
+    described = admin.describe_configs([res])[res].result(WAIT)
+    assert described["consumer.heartbeat.interval.ms"].value == "7000"
+    assert described["consumer.heartbeat.interval.ms"].source == 8  # DYNAMIC_GROUP_CONFIG
+    for name, value in (("consumer.session.timeout.ms", "1000"), ("no.such.config", "1"),
+                        ("consumer.heartbeat.interval.ms", "x")):
+        with pytest.raises(KafkaException) as err:
+            alter(ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET))
+        assert err.value.args[0].name() == "INVALID_CONFIG", name
+
+    hb = call(kafka, 68, 0, group_id=group, member_id=str(uuid.uuid4()), member_epoch=i32(0),
+              instance_id=None, rack_id=None,
+              rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+              subscribed_topic_names=("cfg-group-topic",), server_assignor=None,
+              topic_partitions=())
+    assert hb.error_code == 0 and hb.heartbeat_interval == datetime.timedelta(seconds=7)
+
+    alter(ConfigEntry("consumer.heartbeat.interval.ms", None,
+                      incremental_operation=AlterConfigOpType.DELETE))
+    described = admin.describe_configs([res])[res].result(WAIT)
+    assert described["consumer.heartbeat.interval.ms"].value == "5000"

@@ -1,0 +1,158 @@
+"""Group configs (KIP-848): the GROUP config resource (type 32) of DescribeConfigs and
+IncrementalAlterConfigs.
+
+Kafka 4 lets an admin override, per group, the session timeout and heartbeat interval the
+broker gives members of a consumer group (and the share-group settings). An override is a
+``group-config:<group>`` entry of the store's config family, replicated like the topic
+catalog; the consumer-group coordinator reads it on every heartbeat, so a change reaches the
+members at their next one. Describing a group that has none gives the broker defaults, as
+Kafka does (whether the group exists or not).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred, succeed
+
+from kmqkafka.kafka.errors import KafkaError
+from kmqkafka.kafka.topics import CONFIG_FAMILY
+from kmqkafka.store import commands as c
+
+__all__ = ["GroupConfigs", "RESOURCE_GROUP"]
+
+RESOURCE_GROUP = 32
+SOURCE_DYNAMIC_GROUP = 8
+
+SESSION_TIMEOUT = "consumer.session.timeout.ms"
+HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
+_KEY_PREFIX = b"group-config:"
+
+# name -> (Kafka's default, the broker config that supplies it, allowed range or choices)
+_SHARE_DEFAULTS: dict[str, tuple[str, str, Any]] = {
+    "share.session.timeout.ms": ("45000", "group.share.session.timeout.ms", (45000, 60000)),
+    "share.heartbeat.interval.ms": ("5000", "group.share.heartbeat.interval.ms", (5000, 15000)),
+    "share.record.lock.duration.ms": ("30000", "group.share.record.lock.duration.ms",
+                                      (15000, 60000)),
+    "share.auto.offset.reset": ("latest", "", ("latest", "earliest")),
+}
+_DOCS = {
+    SESSION_TIMEOUT: "How long a consumer-group member may go without a heartbeat before the "
+                     "coordinator removes it.",
+    HEARTBEAT_INTERVAL: "How often consumer-group members heartbeat to the coordinator.",
+    "share.session.timeout.ms": "Share groups' session timeout (accepted; share groups are "
+                                "not served here).",
+    "share.heartbeat.interval.ms": "Share groups' heartbeat interval (accepted; share groups "
+                                   "are not served here).",
+    "share.record.lock.duration.ms": "Share groups' record lock duration (accepted; share "
+                                     "groups are not served here).",
+    "share.auto.offset.reset": "Where a share group starts (accepted; share groups are not "
+                               "served here).",
+}
+INT, STRING = 3, 2
+
+
+class GroupConfigs:
+    """Reads and writes per-group overrides; reactor thread only."""
+
+    def __init__(self, store: Any, *, session_timeout_ms: int, heartbeat_interval_ms: int) -> None:
+        self._store = store
+        self._session = session_timeout_ms
+        self._heartbeat = heartbeat_interval_ms
+        # Kafka's group.consumer.{min,max}.{session.timeout,heartbeat.interval}.ms bounds,
+        # widened to take in this broker's own defaults (they are settings here).
+        self._ranges: dict[str, tuple[int, int]] = {
+            SESSION_TIMEOUT: (min(45000, session_timeout_ms), max(60000, session_timeout_ms)),
+            HEARTBEAT_INTERVAL: (min(5000, heartbeat_interval_ms),
+                                 max(15000, heartbeat_interval_ms)),
+        }
+
+    # --- lookups ---------------------------------------------------------------------
+
+    def defaults(self) -> dict[str, tuple[str, str]]:
+        """name -> (default value, broker config that supplies it)."""
+        out = {SESSION_TIMEOUT: (str(self._session), "group.consumer.session.timeout.ms"),
+               HEARTBEAT_INTERVAL: (str(self._heartbeat), "group.consumer.heartbeat.interval.ms")}
+        out.update({name: (d, broker) for name, (d, broker, _r) in _SHARE_DEFAULTS.items()})
+        return out
+
+    def overrides(self, group_id: str) -> dict[str, str]:
+        raw = self._store.keyed_get(CONFIG_FAMILY, _KEY_PREFIX + group_id.encode())
+        return {} if raw is None else json.loads(raw)
+
+    def session_timeout_ms(self, group_id: str) -> int:
+        return int(self.overrides(group_id).get(SESSION_TIMEOUT, self._session))
+
+    def heartbeat_interval_ms(self, group_id: str) -> int:
+        return int(self.overrides(group_id).get(HEARTBEAT_INTERVAL, self._heartbeat))
+
+    def entries(self, group_id: str, names: list[str] | None) -> list[tuple[str, str, int, int,
+                                                                             tuple, str]]:
+        """(name, value, source, type, synonyms, documentation) per config, in name order."""
+        if not group_id:
+            raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty")
+        set_here = self.overrides(group_id)
+        out = []
+        for name, (default, broker) in sorted(self.defaults().items()):
+            if names is not None and name not in names:
+                continue
+            synonyms: list[tuple[str, str, int]] = []
+            if name in set_here:
+                value, source = set_here[name], SOURCE_DYNAMIC_GROUP
+                synonyms.append((name, value, SOURCE_DYNAMIC_GROUP))
+            else:
+                value, source = default, 5
+            if broker:
+                synonyms.append((broker, default, 5))
+            kind = STRING if name == "share.auto.offset.reset" else INT
+            out.append((name, value, source, kind, tuple(synonyms), _DOCS[name]))
+        return out
+
+    # --- changes ---------------------------------------------------------------------
+
+    def alter(self, group_id: str, changes: Mapping[str, str | None], *,
+              validate_only: bool) -> Deferred:
+        """Apply SET (value) / DELETE (None) ``changes`` to one group's overrides."""
+        if not group_id:
+            raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty")
+        merged = self.overrides(group_id)
+        for name, value in changes.items():
+            self._check(name, value)
+            if value is None:
+                merged.pop(name, None)
+            else:
+                merged[name] = value.strip()
+        if validate_only:
+            return succeed(None)
+        key = _KEY_PREFIX + group_id.encode()
+        raw = self._store.keyed_get(CONFIG_FAMILY, key)
+        value = json.dumps(merged, sort_keys=True).encode() if merged else None
+        cmd = c.KeyedPut(CONFIG_FAMILY, ((key, value),), self._store.now_ms(),
+                         expect=((key, raw),))
+        return self._store.propose(cmd)
+
+    def _check(self, name: str, value: str | None) -> None:
+        limits = self._ranges.get(name) or (_SHARE_DEFAULTS[name][2] if name in _SHARE_DEFAULTS
+                                            else None)
+        if limits is None:
+            raise KafkaError(ErrorCode.invalid_config, f"Unknown group config name: {name}")
+        if value is None:
+            return
+        if isinstance(limits[0], str):
+            if value.strip() not in limits:
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Invalid value {value} for configuration {name}: String must "
+                                 f"be one of: {', '.join(limits)}")
+            return
+        text = value.strip()
+        if not text.lstrip("-").isdigit() or not -(1 << 31) <= int(text) < (1 << 31):
+            raise KafkaError(ErrorCode.invalid_config,
+                             f"Invalid value {value} for configuration {name}: "
+                             "Not a number of type INT")
+        low, high = limits
+        if not low <= int(text) <= high:
+            raise KafkaError(ErrorCode.invalid_config,
+                             f"Invalid value {value} for configuration {name}: "
+                             f"Value must be at least {low} and no more than {high}")
