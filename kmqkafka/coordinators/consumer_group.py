@@ -145,6 +145,11 @@ class ConsumerGroup:
     static_members: dict[str, str] = field(default_factory=dict)
     target: dict[str, Assignment] = field(default_factory=dict)
     persisted: bytes | None = None
+    # Regexes resolved against the topic list (Kafka resolves a new one in the background: the
+    # heartbeat that brings it is assigned the literal topics only). Not persisted: a loaded
+    # group's regexes count as resolved.
+    resolved_regexes: set[str] = field(default_factory=set)
+    resolving: bool = False
 
     def state(self) -> str:
         """Kafka's ConsumerGroupState name: Empty, Assigning, Reconciling or Stable."""
@@ -302,6 +307,7 @@ class ConsumerGroupCoordinator:
         for key, value in self.store.keyed_items(GROUPS_FAMILY, CONSUMER_KEY_PREFIX):
             group = ConsumerGroupLog.replay(key[len(CONSUMER_KEY_PREFIX):].decode(), value)
             self.groups[group.group_id] = group
+            group.resolved_regexes = {m.regex for m in group.members.values() if m.regex}
             for m in group.members.values():
                 self._touch(group, m)
                 if m.state == UNREVOKED:
@@ -550,12 +556,30 @@ class ConsumerGroupCoordinator:
             names.update(m.topics)
             if m.regex:
                 regexes.add(m.regex)
+        if regexes - group.resolved_regexes and not group.resolving:
+            group.resolving = True
+            self.clock.callLater(0, self._resolve_regexes, group)
+        regexes &= group.resolved_regexes
         if regexes:
             all_names = [t.name for t in self.topics.all()]
             for rx in regexes:
                 pattern = re.compile(rx)
                 names.update(n for n in all_names if pattern.fullmatch(n))
         return names
+
+    def _resolve_regexes(self, group: ConsumerGroup) -> None:
+        """Resolve the members' new regexes after the heartbeat that brought them (Kafka's
+        ``refreshRegularExpressions`` runs in the background): the topics they match join
+        the target under a new group epoch, which members pick up on their next heartbeat."""
+        group.resolving = False
+        if self.groups.get(group.group_id) is not group:
+            return
+        group.resolved_regexes = {m.regex for m in group.members.values() if m.regex}
+        if not group.members or not self._refresh_metadata(group):
+            return
+        group.epoch += 1
+        self._maybe_assign(group)
+        self._persist(group).addErrback(lambda f: None)  # logged by _write
 
     def _member_topics(self, member: ConsumerMember, group: ConsumerGroup) -> frozenset[str]:
         """Topic ids (str) of existing topics the member subscribes to."""

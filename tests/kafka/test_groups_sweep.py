@@ -89,3 +89,26 @@ def test_admin_removes_a_departed_static_member_of_a_kip848_group(kmq: BrokerPro
     finally:
         admin.close()
         main.close()
+
+
+def test_kip848_regex_topics_follow_the_literal_ones_in_a_later_heartbeat(
+        kmq: BrokerProcess) -> None:
+    """Kafka resolves a new SubscribedTopicRegex in the background: the heartbeat that brings
+    it with literal names is assigned the literal topics, the matches come with a later one
+    (librdkafka's test 0045 asserts this order)."""
+    suffix = uuid.uuid4().hex[:8]
+    regex_topics, literal = [f"rx{i}_{suffix}" for i in (1, 2)], f"lit_{suffix}"
+    for name in regex_topics:
+        create_topic(kmq, name, 2)
+    create_topic(kmq, literal, 1)
+    calls: list[set[str]] = []
+    c = Consumer({"bootstrap.servers": kmq.bootstrap, "group.id": unique("rx"),
+                  "group.protocol": "consumer"})
+    try:
+        c.subscribe([f"^rx.*_{suffix}", literal],
+                    on_assign=lambda _c, parts: calls.append({p.topic for p in parts}))
+        poll_until([c], lambda: len({(tp.topic, tp.partition) for tp in c.assignment()}) == 5)
+    finally:
+        c.close()
+    assert calls[0] == {literal}, calls
+    assert set().union(*calls) == {literal, *regex_topics}
