@@ -458,7 +458,8 @@ def empty_batch(header: BatchHeader) -> bytes:
     timestamps the batch's max timestamp, no records, no compression."""
     tail = bytearray(HEADER_SIZE - 21)
     struct.pack_into(
-        ">hiqqqhii", tail, 0, header.attributes & ~COMPRESSION_MASK, header.last_offset_delta,
+        ">hiqqqhii", tail, 0, header.attributes & ~(COMPRESSION_MASK | DELETE_HORIZON_FLAG),
+        header.last_offset_delta,
         header.max_timestamp, header.max_timestamp, header.producer_id, header.producer_epoch,
         header.base_sequence, 0,
     )

@@ -105,14 +105,16 @@ class CompactionPlan:
             latest = self._key_map()
             out: list[CleanedSegment] = []
             removed = 0
-            self._due: int | None = None
+            due: int | None = None
             for src in self.sources:
                 if src.clean:
-                    cleaned, n = self._clean(src, latest)
+                    cleaned, n, horizon = self._clean(src, latest)
                     removed += n
+                    if horizon is not None:
+                        due = horizon if due is None else min(due, horizon)
                     if cleaned is not None:
                         out.append(cleaned)
-            return CompactionResult(out, removed, self.bound, self._due)
+            return CompactionResult(out, removed, self.bound, due)
         finally:
             self.close()
 
@@ -139,7 +141,9 @@ class CompactionPlan:
 
     def _clean(
         self, src: SegmentSource, latest: dict[bytes, int]
-    ) -> tuple[CleanedSegment | None, int]:
+    ) -> tuple[CleanedSegment | None, int, int | None]:
+        """Rewrite one segment; returns it (None if unchanged), the records removed, and the
+        earliest delete horizon of the tombstones it keeps."""
         builder = IndexBuilder(self.interval)
         floor = self.producer_floor
         log_path = self.directory / (segment_name(src.base, LOG_SUFFIX) + CLEANED_SUFFIX)
@@ -147,6 +151,7 @@ class CompactionPlan:
         changed = False
         removed = 0
         written = 0
+        due: int | None = None
         pending = bytearray()
         try:
             for _pos, batch in iter_file_batches(src.fd, src.size):
@@ -171,7 +176,7 @@ class CompactionPlan:
                         # now, whatever its own timestamp says (Kafka's delete horizon).
                         horizon = self.now_ms + self.delete_retention_ms
                     if tombstones:
-                        self._due = horizon if self._due is None else min(self._due, horizon)
+                        due = horizon if due is None else min(due, horizon)
                     if len(kept) == len(recs) and horizon == header.delete_horizon_ms:
                         keep = batch
                     elif kept:
@@ -196,7 +201,7 @@ class CompactionPlan:
                 os.close(fd)
                 fd = -1
                 os.unlink(log_path)
-                return None, removed
+                return None, removed, due
             write_all(fd, pending)
             written += len(pending)
             os.fsync(fd)
@@ -217,7 +222,7 @@ class CompactionPlan:
             log_path=log_path,
             index_path=files[0][1],
             time_index_path=files[1][1],
-        ), removed
+        ), removed, due
 
 
 def _rebuild(header: records.BatchHeader, kept: list[records.Record], now_ms: int,
