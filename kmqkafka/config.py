@@ -83,6 +83,15 @@ SETTINGS: tuple[Setting, ...] = (
             "CONNECTORS_KAFKA_CONSUMER_HEARTBEAT_INTERVAL_MS",
             "kafka-consumer-heartbeat-interval-ms", "kafka", "consumer_heartbeat_interval_ms",
             "posint", 5000, "KIP-848 consumer group heartbeat interval (ms)"),
+    Setting("kafka_log_cleaner_backoff_ms", "CONNECTORS_KAFKA_LOG_CLEANER_BACKOFF_MS",
+            "kafka-log-cleaner-backoff-ms", "kafka", "log_cleaner_backoff_ms", "posint", 15000,
+            "pause between compaction passes over the compacted topics (ms; Kafka's "
+            "log.cleaner.backoff.ms)"),
+    Setting("kafka_log_retention_check_interval_ms",
+            "CONNECTORS_KAFKA_LOG_RETENTION_CHECK_INTERVAL_MS",
+            "kafka-log-retention-check-interval-ms", "kafka", "log_retention_check_interval_ms",
+            "posint", 60000, "how often retention limits are enforced (ms; Kafka's "
+            "log.retention.check.interval.ms)"),
     Setting("kafka_produce_byte_rate", "CONNECTORS_KAFKA_PRODUCE_BYTE_RATE",
             "kafka-produce-byte-rate", "kafka", "produce_byte_rate", "size", 0,
             "per-client produce quota in bytes/s (0 = unlimited)"),
@@ -225,6 +234,8 @@ class Settings:
     kafka_group_initial_rebalance_delay_ms: int = 3000
     kafka_consumer_session_timeout_ms: int = 45000
     kafka_consumer_heartbeat_interval_ms: int = 5000
+    kafka_log_cleaner_backoff_ms: int = 15000
+    kafka_log_retention_check_interval_ms: int = 60000
     kafka_produce_byte_rate: int = 0
     kafka_fetch_byte_rate: int = 0
     kafka_auto_create_topics: bool = True

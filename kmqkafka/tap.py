@@ -74,8 +74,10 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
         # Every node runs Raft; a lone node is a cluster of one (DESIGN.md), which writes its
         # appends through to the segments and keeps only their positions in the Raft log.
         factory = raft_proposer_factory(settings, reactor)
-        store = ChannelStore(settings.data_dir, reactor, registry=registry,
-                             proposer_factory=factory)
+        store = ChannelStore(
+            settings.data_dir, reactor, registry=registry, proposer_factory=factory,
+            retention_interval_s=settings.kafka_log_retention_check_interval_ms / 1000,
+            compaction_interval_s=settings.kafka_log_cleaner_backoff_ms / 1000)
         from kmqkafka.raft.metrics import RaftCollector
 
         registry.register(RaftCollector(
