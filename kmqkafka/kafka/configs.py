@@ -372,19 +372,24 @@ def _alter_group(ctx: RequestContext, res: Any, incremental: bool,
                          "IncrementalAlterConfigs")
     changes: dict[str, str | None] = {}
     for cfg in res.configs:
-        op = cfg.config_operation
-        if op == OP_SET:
-            if cfg.value is None:
-                raise KafkaError(ErrorCode.invalid_request,
-                                 f"Null value not supported for : {cfg.name}")
-            changes[cfg.name] = cfg.value
-        elif op == OP_DELETE:
-            changes[cfg.name] = None
-        else:
+        plain, value = _set_or_delete(cfg)
+        if not plain:
+            verb = "APPEND" if cfg.config_operation == OP_APPEND else "SUBTRACT"
             raise KafkaError(ErrorCode.invalid_config,
-                             f"Can't {'APPEND' if op == OP_APPEND else 'SUBTRACT'} to key "
-                             f"{cfg.name} because its type is not LIST.")
+                             f"Can't {verb} to key {cfg.name} because its type is not LIST.")
+        changes[cfg.name] = value
     return _group_configs(ctx).alter(res.resource_name, changes, validate_only=validate_only)
+
+
+def _set_or_delete(cfg: Any) -> tuple[bool, str | None]:
+    """One incremental change: (True, value) for SET, (True, None) for DELETE, (False, None)
+    for the list operations (APPEND, SUBTRACT) the caller handles."""
+    if cfg.config_operation == OP_SET:
+        if cfg.value is None:
+            raise KafkaError(ErrorCode.invalid_request,
+                             f"Null value not supported for : {cfg.name}")
+        return True, cfg.value
+    return cfg.config_operation == OP_DELETE, None
 
 
 def alter_configs(request: Any, ctx: RequestContext) -> Deferred:
@@ -463,13 +468,9 @@ def _alter_resource(ctx: RequestContext, topics: TopicCatalog, res: Any, increme
     changes: dict[str, str | None] = {}
     for c in res.configs:
         op = c.config_operation
-        if op == OP_SET:
-            if c.value is None:
-                raise KafkaError(ErrorCode.invalid_request,
-                                 f"Null value not supported for : {c.name}")
-            changes[c.name] = c.value
-        elif op == OP_DELETE:
-            changes[c.name] = None
+        plain, value = _set_or_delete(c)
+        if plain:
+            changes[c.name] = value
         elif op in (OP_APPEND, OP_SUBTRACT):
             if c.name not in TOPIC_CONFIG_DEFAULTS:
                 raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {c.name}")

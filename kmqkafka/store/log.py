@@ -717,7 +717,8 @@ class ChannelLog:
         for seg in self._segments[:-1]:
             if seg.builder is not None or seg.offsets is None:
                 break  # its index is still being written
-            if cfg.min_compaction_lag_ms > 0 and seg.max_timestamp > now_ms - cfg.min_compaction_lag_ms:
+            lag = cfg.min_compaction_lag_ms
+            if lag > 0 and seg.max_timestamp > now_ms - lag:
                 break
             cleanable.append(seg)
         if not cleanable:
