@@ -27,12 +27,14 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.errors import error_code_for
 from kmqkafka.kafka.fetch_sessions import FetchContext, SessionCache, Wanted
 from kmqkafka.kafka.topics import Topic, TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.net.chunks import RecordChain
+from kmqkafka.store.errors import OffsetOutOfRange
 from kmqkafka.store.names import channel_for
 
 API_KEY = 1
@@ -183,7 +185,7 @@ class _Fetch:
                 if budget <= 0 and total:
                     b = store.bounds(channel)
                     if not b.log_start <= w.fetch_offset + 1 <= b.next_sequence:
-                        raise _OutOfRange()
+                        raise OffsetOutOfRange(w.fetch_offset + 1, b.log_start, b.next_sequence)
                     results.append((key, ErrorCode.none, b.high_watermark - 1,
                                     b.log_start - 1, [], 0))
                     continue
@@ -196,8 +198,11 @@ class _Fetch:
                     # The next batch alone is larger than the cap: it still goes out whole.
                     rr = store.read(channel, w.fetch_offset + 1, budget, min_one=not total)
             except Exception as exc:
-                code = (ErrorCode.offset_out_of_range if isinstance(exc, _OutOfRange)
-                        else error_code_for(exc))
+                code = error_code_for(exc)
+                ahead = self._not_applied_yet(exc, w.fetch_offset)
+                if ahead is not None:
+                    results.append((key, ErrorCode.none, ahead[0], ahead[1], [], 0))
+                    continue
                 if code is ErrorCode.unknown_server_error:
                     log.failure("fetch from {channel} failed", channel=channel)
                 results.append((key, code, -1, -1, [], 0))
@@ -209,6 +214,19 @@ class _Fetch:
         if withheld and not errors and total < self.min_bytes:
             return self._read(capped=False)
         return results, total, errors
+
+    def _not_applied_yet(self, exc: Exception, fetch_offset: int) -> tuple[int, int] | None:
+        """On a cluster, an offset past this node's applied end may be one the leader has
+        acknowledged and this node holds in its Raft log but has not applied yet (a follower
+        learns the commit a heartbeat later; a new leader applies its predecessor's tail):
+        Kafka answers no error for an offset within a replica's log. Until the fetch's
+        max_wait runs out it waits for the apply; only then is it OFFSET_OUT_OF_RANGE.
+        Returns (high watermark, log start) as offsets to answer with, or None."""
+        if (not isinstance(exc, OffsetOutOfRange) or exc.sequence < exc.log_start
+                or not identity.clustered(self.ctx.broker)
+                or self.ctx.broker.reactor.seconds() >= self.deadline):
+            return None
+        return exc.next_sequence - 1, exc.log_start - 1
 
     def _satisfied(self, total: int, errors: bool) -> bool:
         return (errors or total >= self.min_bytes or not self.fctx.wanted
@@ -320,10 +338,6 @@ def _records_value(batches: list[memoryview]) -> bytes | memoryview | RecordChai
             return whole
         return view
     return RecordChain(batches)
-
-
-class _OutOfRange(Exception):
-    pass
 
 
 def register(dispatcher: Dispatcher) -> None:

@@ -501,6 +501,26 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
 
 
+def listed_by_coordinator(handler: Callable[[Any, RequestContext], Any]
+                          ) -> Callable[[Any, RequestContext], Any]:
+    """ListGroups: a Kafka broker lists the groups it coordinates, and admin clients ask every
+    broker and merge the answers. Here the Raft leader coordinates every group, so another
+    member of a cluster lists none (relaying to the leader made kafka-python's
+    ``list_groups`` name each group once per node)."""
+    routed = coordinated(handler)
+
+    def listed(request: Any, ctx: RequestContext) -> Any:
+        coordination: Coordination | None = ctx.broker.extras.get("coordination")
+        if (coordination is not None and coordination.clustered()
+                and not coordination.serving() and not ctx.broker.store.is_leader()):
+            return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                        error_code=ErrorCode.none, groups=())
+        return routed(request, ctx)
+
+    listed.__name__ = getattr(handler, "__name__", "listed")
+    return listed
+
+
 def list_groups(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     states = {s.lower() for s in getattr(request, "states_filter", ())}
@@ -554,7 +574,7 @@ def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(LEAVE_GROUP, coordinated(leave_group), 0, 5)
     dispatcher.register(SYNC_GROUP, coordinated(sync_group), 0, 5, wait_only=True)
     dispatcher.register(DESCRIBE_GROUPS, coordinated(describe_groups, _describe_error), 0, 6)
-    dispatcher.register(LIST_GROUPS, coordinated(list_groups), 0, 5)
+    dispatcher.register(LIST_GROUPS, listed_by_coordinator(list_groups), 0, 5)
     dispatcher.register(DELETE_GROUPS, coordinated(delete_groups, _delete_error), 0, 2)
     # Growing a topic rebalances the groups subscribed to it, and deleting one drops its
     # committed offsets: both belong on the coordinator.

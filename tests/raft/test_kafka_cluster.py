@@ -336,6 +336,15 @@ def test_group_calls_to_a_follower_are_relayed_to_the_leader(cluster: Cluster):
             d = raw.call(Dg(groups=("rg",), include_authorized_operations=False))
             assert d.groups[0].group_state == "Stable", f"node {i}"
             assert [m.member_id for m in d.groups[0].members] == [first.member_id]
+    # ListGroups: a broker lists the groups it coordinates (admin clients ask every broker and
+    # merge), so only the leader names "rg"; kafka-python's list_consumer_groups() used to
+    # name it once per node.
+    Lg = req("list_groups", 4, "ListGroupsRequest")
+    for i in IDS:
+        with RawClient(cluster.kafka_ports[i]) as raw:
+            r = raw.call(Lg(states_filter=()))
+        names = [g.group_id for g in r.groups]
+        assert r.error_code == E.none and names.count("rg") == (i == leader), f"node {i}: {names}"
 
 
 # --- only live nodes are brokers ---------------------------------------------------------
@@ -577,3 +586,44 @@ def test_admin_calls_do_not_wait_on_a_killed_leader(cluster: Cluster):
 def topic_listed(port: int, topic: str) -> bool:
     md = metadata(port, (topic,))
     return md.topics[0].error_code == E.none
+
+
+def test_a_follower_fetch_past_its_applied_end_waits_for_the_apply(cluster: Cluster):
+    """A follower applies a committed entry a heartbeat after the leader acknowledged it:
+    Kafka answers no error for an offset within a replica's log, so a Fetch there waits (up
+    to max_wait) instead of answering OFFSET_OUT_OF_RANGE; beyond max_wait it is out of
+    range, as for an offset no node has."""
+    topic = "follower-ahead"
+    leader, follower = cluster.leader(), cluster.follower()
+    assert produce_confluent(cluster.bootstrap(leader), topic, [b"a", b"b"]) == [0, 1]
+    wait_for(lambda: len(fetch_all(cluster.kafka_ports[follower], topic, 2)) == 2,
+             what="the follower applied offsets 0-1")
+    Req = req("fetch", 11, "FetchRequest")
+    T = req("fetch", 11, "FetchTopic")
+    P = req("fetch", 11, "FetchPartition")
+
+    def fetch(offset: int, wait_ms: int) -> Any:
+        with RawClient(cluster.kafka_ports[follower], timeout=20) as raw:
+            return raw.call(Req(
+                replica_id=-1, max_wait=ms(wait_ms), min_bytes=1, max_bytes=1 << 20,
+                isolation_level=0, session_id=0, session_epoch=-1,
+                topics=(T(topic=topic, partitions=(P(
+                    partition=0, current_leader_epoch=-1, fetch_offset=offset,
+                    log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+                forgotten_topics_data=(), rack_id="")).responses[0].partitions[0]
+
+    import threading
+    answer: list[Any] = []
+    reader = threading.Thread(target=lambda: answer.append(fetch(3, 10_000)))
+    reader.start()
+    time.sleep(0.3)  # parked on the follower, two offsets past its end
+    assert produce_confluent(cluster.bootstrap(leader), topic, [b"c", b"d"]) == [2, 3]
+    reader.join(20)
+    part = answer[0]
+    assert part.error_code == E.none and part.high_watermark >= 4, part
+    values = [(r.offset, r.value) for pos, _h in records.split_batches(bytes(part.records))
+              for r in records.iter_records(bytes(part.records), pos)]
+    assert (3, b"d") in values
+    started = time.monotonic()
+    assert fetch(1000, 300).error_code == E.offset_out_of_range
+    assert time.monotonic() - started >= 0.25
