@@ -88,6 +88,11 @@ class BrokerService(MultiService):
         self._store_started = True
         if not self.running:
             return
+        catch_up = getattr(self.store, "catch_up", None)
+        if catch_up is not None and not (yield catch_up()):
+            self.log.debug("starting without a catch-up with the raft leader")
+        if not self.running:
+            return
         for listener in self.listeners:
             self._ports.append(self._listen(listener))
         self.ready = True

@@ -483,6 +483,11 @@ class RaftProposer:
     def leader_id(self) -> int | None:
         return self.driver.leader if self.driver is not None else None
 
+    @property
+    def election_s(self) -> float:
+        """One election timeout, in seconds."""
+        return self._election_s
+
     def member_list(self) -> list[Member]:
         return [self.members[i] for i in sorted(self.members)]
 

@@ -33,6 +33,8 @@ from kmqkafka.store.config import LogConfig
 from kmqkafka.store.machine import AppendResult, StateMachine
 from kmqkafka.store.names import check_channel_name, check_client_channel, partition_of
 from kmqkafka.store.proposer import LocalProposer
+
+CATCH_UP_FAMILY = "config"  # any coordinator family: the write carries no pairs
 from kmqkafka.store.waiters import Waiters
 
 log = Logger()
@@ -163,6 +165,48 @@ class ChannelStore:
         """True if this node orders commands (always, without Raft)."""
         check = getattr(self._proposer, "is_leader", None)
         return True if check is None else check()
+
+    def catch_up(self, timeouts: int = 5) -> Deferred:
+        """Fire (True) once this node has applied everything the cluster's leader had
+        committed when it was asked: an empty write goes through Raft (a follower forwards
+        it) and is applied here after everything before it. Kafka's broker likewise waits
+        for its initial metadata catch-up before serving, so a restarted node does not answer
+        Metadata with topics or partition counts the cluster has moved past. Gives up (False)
+        after ``timeouts`` election timeouts, e.g. when no quorum is up. A lone node is
+        caught up at once."""
+        proposer = self._proposer
+        if len(getattr(proposer, "members", None) or ()) <= 1:
+            return succeed(True)
+        done: Deferred = Deferred()
+        reactor = self._reactor
+        deadline = reactor.seconds() + timeouts * proposer.election_s
+
+        def attempt() -> None:
+            if done.called:
+                return
+            try:
+                barrier = self.keyed_put(CATCH_UP_FAMILY, [])
+            except Exception:  # noqa: BLE001 - a stopping store: give up
+                done.callback(False)
+                return
+            barrier.addCallbacks(lambda _r: done.called or done.callback(True), retry)
+
+        def retry(_failure: Any) -> None:
+            if done.called:
+                return
+            if reactor.seconds() >= deadline:
+                done.callback(False)
+            else:
+                reactor.callLater(proposer.election_s / 2, attempt)
+
+        def give_up() -> None:
+            if not done.called:
+                done.callback(False)
+
+        timer = reactor.callLater(max(0.0, deadline - reactor.seconds()), give_up)
+        done.addBoth(lambda r: (timer.active() and timer.cancel(), r)[1])
+        attempt()
+        return done
 
     def leader_id(self) -> int | None:
         """The Raft leader's node id (None: unknown, or no Raft)."""

@@ -425,7 +425,18 @@ def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     assert raft_metric(lead, "kmqkafka_raft_peer_up", peer=str(other)) == 1
     assert raft_metric(lead, "kmqkafka_raft_applied_index") >= 1
 
+    # Changes made while it was down are served by the node from its first answer on:
+    # like Kafka's broker, it catches up with the leader before it opens its listeners.
+    born = "born-while-down"
+    admin.create_topics([confluent_kafka.admin.NewTopic(born, 3, 1)])[born].result(20)
+    produce_confluent(cluster.bootstrap(*survivors), born, [b"y"] * 50, partition=2)
     cluster.brokers[victim].restart()
+    Req = req("metadata", 12, "MetadataRequest")
+    T = req("metadata", 12, "MetadataRequestTopic")
+    with RawClient(cluster.kafka_ports[victim]) as raw:
+        md = raw.call(Req(topics=(T(name=born, topic_id=None),), allow_auto_topic_creation=False,
+                          include_topic_authorized_operations=False))
+    assert md.topics[0].error_code == E.none and len(md.topics[0].partitions) == 3
     for i in IDS:
         wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), topic),
                  what=f"node {i} lists node {victim} again")
