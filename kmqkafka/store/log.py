@@ -444,8 +444,12 @@ class ChannelLog:
         old.builder.seal()
         files = write_index_parts(self._dir, old.base, old.builder, PART_SUFFIX)
         self._index_jobs.append((old, files))
-        self._retired_fds.add(old.write_fd)
-        old.write_fd = None
+        retired, old.write_fd = old.write_fd, None
+        self._retired_fds.add(retired)
+        # Closed by the flush that syncs its last writes, or now if an earlier flush did (a
+        # roll right after a flush used to leave the fd open for the channel's lifetime, and
+        # with it the disk space of the segment once retention deleted it).
+        self._maybe_close(retired)
         old.first_append_ms = None
         new = Segment(self._dir, self._next)
         new.end = self._next

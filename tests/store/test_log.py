@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -394,4 +395,26 @@ def test_corrupt_closed_segment_without_index_cuts_the_log_there(tmp_path: Path)
     assert log.next_sequence == 7 and log.segment_count == 1
     assert _sequences(log) == list(range(1, 7))
     assert log.append(make_batch(1), 0) == (7, 7)
+    log.close()
+
+
+def test_a_roll_after_a_flush_closes_the_old_segments_write_fd(tmp_path: Path) -> None:
+    """The write fd of a rolled segment goes once its writes are durable: at the flush that
+    syncs them, or at the roll itself when a flush already did."""
+    log = ChannelLog.open(tmp_path, LogConfig(segment_bytes=1_000), 0)
+    big = make_batch(1, value=b"x" * 600)
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    log.append(big, 0)
+    flush(log)
+    before = open_fds()
+    for _ in range(50):
+        log.append(big, 0)  # rolls every time: the previous batch filled the segment
+        flush(log)
+    assert log.segment_count == 51
+    # a closed segment keeps its two index mappings (each holds a descriptor), no writer
+    assert open_fds() <= before + 2 * 50 + 2
+    assert not log._retired_fds
     log.close()
