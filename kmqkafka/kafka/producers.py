@@ -32,7 +32,6 @@ DESCRIBE_PRODUCERS = 61
 MIN_VERSION = 0
 MAX_VERSION = 5
 BLOCK = 1000
-MAX_EPOCH = 32767
 _KEY = b"producer_id.block_end"
 FAMILY = "txn"
 
@@ -78,12 +77,10 @@ def handle(request: Any, ctx: RequestContext) -> Any:
         return make(ctx.response_type, throttle_time=NO_THROTTLE,
                     error_code=ErrorCode.coordinator_not_available, producer_id=-1,
                     producer_epoch=-1)
-    pid = getattr(request, "producer_id", -1)
-    epoch = getattr(request, "producer_epoch", -1)
-    if pid >= 0 and 0 <= epoch < MAX_EPOCH:
-        # KIP-360: an idempotent producer bumps its own epoch after a sequence error.
-        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
-                    producer_id=pid, producer_epoch=epoch + 1)
+    # Without a transactional id Kafka always answers a new producer id at epoch 0, whatever
+    # id and epoch the request names (KIP-360 lets it name them; an idempotent producer bumps
+    # its epoch itself): answering that id's next epoch would let any client fence any
+    # producer.
     d = _ids(ctx).allocate()
     return d.addCallback(lambda new_pid: make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,

@@ -31,10 +31,15 @@ def test_ids_are_unique_and_never_reused_after_restart(tmp_path):
         b.stop()
 
 
-def test_epoch_bump_for_an_existing_idempotent_producer(broker):
+def test_naming_an_existing_producer_gets_a_new_id_as_in_kafka(broker):
+    """Kafka's InitProducerId without a transactional id always answers a new producer id at
+    epoch 0, whatever id and epoch it names: no client can fence another's producer."""
     r = init(broker.kafka_port)
-    bumped = init(broker.kafka_port, pid=r.producer_id, epoch=r.producer_epoch)
-    assert (bumped.producer_id, bumped.producer_epoch) == (r.producer_id, 1)
+    again = init(broker.kafka_port, pid=r.producer_id, epoch=r.producer_epoch)
+    assert again.producer_id != r.producer_id and again.producer_epoch == 0
+    claimed = init(broker.kafka_port, pid=987654321, epoch=7)
+    assert claimed.producer_id not in (987654321, r.producer_id, again.producer_id)
+    assert claimed.producer_epoch == 0
 
 
 def test_transactional_id_is_refused_cleanly_until_transactions_exist(broker):
