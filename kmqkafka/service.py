@@ -90,7 +90,8 @@ class BrokerService(MultiService):
             return
         catch_up = getattr(self.store, "catch_up", None)
         if catch_up is not None and not (yield catch_up()):
-            self.log.debug("starting without a catch-up with the raft leader")
+            self.log.info("no raft leader answered within five election timeouts: serving "
+                          "what this node holds and catching up in the background")
         if not self.running:
             return
         for listener in self.listeners:

@@ -33,11 +33,11 @@ from kmqkafka.store.config import LogConfig
 from kmqkafka.store.machine import AppendResult, StateMachine
 from kmqkafka.store.names import check_channel_name, check_client_channel, partition_of
 from kmqkafka.store.proposer import LocalProposer
-
-CATCH_UP_FAMILY = "config"  # any coordinator family: the write carries no pairs
 from kmqkafka.store.waiters import Waiters
 
 log = Logger()
+
+CATCH_UP_FAMILY = "config"  # any coordinator family: the catch-up write carries no pairs
 
 
 def _surviving(task: Callable[[], Any]) -> Deferred:
