@@ -29,7 +29,6 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
-from kmqkafka.kafka.group_configs import RESOURCE_GROUP
 from kmqkafka.kafka.topics import TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog, validate_topic_name
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
@@ -38,9 +37,9 @@ log = Logger()
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 
 # ConfigResource.Type
-RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_GROUP = 2, 4, 32
 # ConfigSource
-SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
+SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT, SOURCE_DYNAMIC_GROUP = 1, 4, 5, 8
 # ConfigType
 BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
 # AlterConfigOp.OpType
@@ -331,9 +330,7 @@ def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> l
                              f"The topic '{res.resource_name}' does not exist.")
         return topic_config_entries(topic, keys, broker_topic_defaults(ctx))
     if res.resource_type == RESOURCE_GROUP:
-        return [ConfigEntry(name, value, source, False, kind, synonyms, doc)
-                for name, value, source, kind, synonyms, doc
-                in _group_configs(ctx).entries(res.resource_name, keys)]
+        return _group_configs(ctx).entries(res.resource_name, keys)
     if res.resource_type == RESOURCE_BROKER:
         if res.resource_name == "":
             return []  # no dynamic cluster-wide defaults exist here

@@ -17,14 +17,14 @@ from typing import Any, Mapping
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, succeed
 
+from kmqkafka.kafka.configs import (
+    INT, SOURCE_DEFAULT, SOURCE_DYNAMIC_GROUP, STRING, ConfigEntry,
+)
 from kmqkafka.kafka.errors import KafkaError
 from kmqkafka.kafka.topics import CONFIG_FAMILY
 from kmqkafka.store import commands as c
 
-__all__ = ["GroupConfigs", "RESOURCE_GROUP"]
-
-RESOURCE_GROUP = 32
-SOURCE_DYNAMIC_GROUP = 8
+__all__ = ["GroupConfigs"]
 
 SESSION_TIMEOUT = "consumer.session.timeout.ms"
 HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
@@ -51,7 +51,6 @@ _DOCS = {
     "share.auto.offset.reset": "Where a share group starts (accepted; share groups are not "
                                "served here).",
 }
-INT, STRING = 3, 2
 
 
 class GroupConfigs:
@@ -88,9 +87,8 @@ class GroupConfigs:
     def heartbeat_interval_ms(self, group_id: str) -> int:
         return int(self.overrides(group_id).get(HEARTBEAT_INTERVAL, self._heartbeat))
 
-    def entries(self, group_id: str, names: list[str] | None) -> list[tuple[str, str, int, int,
-                                                                             tuple, str]]:
-        """(name, value, source, type, synonyms, documentation) per config, in name order."""
+    def entries(self, group_id: str, names: list[str] | None) -> list[ConfigEntry]:
+        """The group's configs (all, or those of ``names``), in name order."""
         if not group_id:
             raise KafkaError(ErrorCode.invalid_request, "Group name must not be empty")
         set_here = self.overrides(group_id)
@@ -103,11 +101,12 @@ class GroupConfigs:
                 value, source = set_here[name], SOURCE_DYNAMIC_GROUP
                 synonyms.append((name, value, SOURCE_DYNAMIC_GROUP))
             else:
-                value, source = default, 5
+                value, source = default, SOURCE_DEFAULT
             if broker:
-                synonyms.append((broker, default, 5))
+                synonyms.append((broker, default, SOURCE_DEFAULT))
             kind = STRING if name == "share.auto.offset.reset" else INT
-            out.append((name, value, source, kind, tuple(synonyms), _DOCS[name]))
+            out.append(ConfigEntry(name, value, source, False, kind, tuple(synonyms),
+                                   _DOCS[name]))
         return out
 
     # --- changes ---------------------------------------------------------------------

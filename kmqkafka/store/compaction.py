@@ -50,7 +50,6 @@ class SegmentSource:
     generation: int
     size: int
     fd: int
-    clean: bool  # a closed segment to rewrite (else only read for the key map)
 
 
 @dataclass(slots=True)
@@ -107,13 +106,12 @@ class CompactionPlan:
             removed = 0
             due: int | None = None
             for src in self.sources:
-                if src.clean:
-                    cleaned, n, horizon = self._clean(src, latest)
-                    removed += n
-                    if horizon is not None:
-                        due = horizon if due is None else min(due, horizon)
-                    if cleaned is not None:
-                        out.append(cleaned)
+                cleaned, n, horizon = self._clean(src, latest)
+                removed += n
+                if horizon is not None:
+                    due = horizon if due is None else min(due, horizon)
+                if cleaned is not None:
+                    out.append(cleaned)
             return CompactionResult(out, removed, self.bound, due)
         finally:
             self.close()

@@ -746,7 +746,7 @@ class ChannelLog:
             if not seg.size:
                 continue
             sources.append(SegmentSource(seg.base, seg.generation, seg.size,
-                                         os.open(seg.path(), os.O_RDONLY), True))
+                                         os.open(seg.path(), os.O_RDONLY)))
         if not sources:
             return None
         return CompactionPlan(

@@ -179,7 +179,10 @@ class ChannelStore:
             return succeed(True)
         done: Deferred = Deferred()
         reactor = self._reactor
-        deadline = reactor.seconds() + timeouts * proposer.election_s
+
+        def finish(caught_up: bool) -> None:
+            if not done.called:
+                done.callback(caught_up)
 
         def attempt() -> None:
             if done.called:
@@ -187,23 +190,12 @@ class ChannelStore:
             try:
                 barrier = self.keyed_put(CATCH_UP_FAMILY, [])
             except Exception:  # noqa: BLE001 - a stopping store: give up
-                done.callback(False)
+                finish(False)
                 return
-            barrier.addCallbacks(lambda _r: done.called or done.callback(True), retry)
+            barrier.addCallbacks(lambda _r: finish(True),
+                                 lambda _f: reactor.callLater(proposer.election_s / 2, attempt))
 
-        def retry(_failure: Any) -> None:
-            if done.called:
-                return
-            if reactor.seconds() >= deadline:
-                done.callback(False)
-            else:
-                reactor.callLater(proposer.election_s / 2, attempt)
-
-        def give_up() -> None:
-            if not done.called:
-                done.callback(False)
-
-        timer = reactor.callLater(max(0.0, deadline - reactor.seconds()), give_up)
+        timer = reactor.callLater(timeouts * proposer.election_s, finish, False)
         done.addBoth(lambda r: (timer.active() and timer.cancel(), r)[1])
         attempt()
         return done
