@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, fail, inlineCallbacks, maybeDeferred
@@ -49,13 +49,16 @@ class BrokerService(MultiService):
         http: Listener | None,
         listeners: list[Listener],
         drain_timeout: float = 5.0,
+        on_ready: Callable[[], Any] | None = None,
     ) -> None:
+        """``on_ready`` runs once the listeners are open (the daemon settles its heap there)."""
         super().__init__()
         self.reactor = reactor
         self.store = store
         self.http = http
         self.listeners = listeners
         self.drain_timeout = drain_timeout
+        self.on_ready = on_ready
         self.ready = False
         self.exit_code = 0
         self.started: Deferred[None] | None = None
@@ -97,6 +100,8 @@ class BrokerService(MultiService):
         for listener in self.listeners:
             self._ports.append(self._listen(listener))
         self.ready = True
+        if self.on_ready is not None:
+            self.on_ready()
         self.log.info(
             "kmqkafka ready: {listeners}",
             listeners=", ".join(f"{l.name} {l.host}:{l.port}" for l in self.listeners) or "no"

@@ -14,6 +14,7 @@ from twisted.python import usage
 
 from kmqkafka.config import ConfigError, Settings, load_settings, option_parameters
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.heap import settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     acl, admin, api_versions, cluster, configs, consumer_groups, fetch, groups, metadata, offsets,
@@ -197,6 +198,7 @@ def makeService(options: Options) -> BrokerService:
         sys.stderr.flush()
         raise SystemExit(2) from None
     raise_open_file_limit()
+    service.on_ready = settle_heap
     reactor.callWhenRunning(exit_cleanly_on_sigterm, reactor)
     reactor.addSystemEventTrigger("after", "shutdown", exit_with, service)
     return service
