@@ -36,7 +36,7 @@ from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
 from kmqkafka.net import recvinto
-from kmqkafka.net.sendmsg import write_parts
+from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
 RESUME_IN_FLIGHT = 16
@@ -124,6 +124,7 @@ class KafkaProtocol(Protocol):
         # produce requests are read in large slices, not 64 KiB at a time.
         _tune_socket(self.transport)
         self._fills = recvinto.install(self.transport, self._fill_target, self._fill_done)
+        gather_writes(self.transport)
         self.factory.connection_opened(self)
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]

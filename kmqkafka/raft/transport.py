@@ -52,7 +52,7 @@ from twisted.python.failure import Failure
 
 from kmqkafka.net.protocol import _tune_socket
 from kmqkafka.net import recvinto
-from kmqkafka.net.sendmsg import write_parts
+from kmqkafka.net.sendmsg import gather_writes, write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
 from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
                                     encode_parts)
@@ -95,6 +95,7 @@ class _Link(protocol.Protocol):
         except Exception:  # not a TCP socket (tests, other transports)
             pass
         self._fills = recvinto.install(self.transport, self._fill_target, self._fill_done)
+        gather_writes(self.transport)
         self.owner._link_made(self)
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:

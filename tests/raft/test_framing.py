@@ -7,10 +7,10 @@ import random
 import socket
 from types import SimpleNamespace
 
-from twisted.internet import tcp
+from twisted.internet import main, tcp
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
-from kmqkafka.net.sendmsg import DIRECT_MIN, _after, plain_tcp, write_parts
+from kmqkafka.net.sendmsg import DIRECT_MIN, _after, gather_writes, plain_tcp, write_parts
 from kmqkafka.raft.messages import (SHARE_MIN, Append, Entry, EntryKind, Gather, Heartbeat,
                                     decode, encode)
 from kmqkafka.raft.transport import RAFT, RaftTransport, _HEAD
@@ -131,6 +131,58 @@ def test_write_parts_sends_what_fits_and_queues_the_rest_in_order():
     more = rng.randbytes(DIRECT_MIN * 2)
     write_parts(tr, [more], len(more))
     assert _drain(b) == b"" and tr.queued[-1] == more
+    a.close()
+    b.close()
+
+
+class _GatherTransport(tcp.Connection):
+    """A Twisted TCP connection with Twisted's own ``write`` and buffers over a real socket;
+    the reactor's part (``startWriting``/``stopWriting``) is recorded."""
+
+    TLS = False
+
+    def __init__(self, sock: socket.socket) -> None:  # noqa: super().__init__ needs a reactor
+        self.socket = sock
+        self.connected, self.disconnecting = True, False
+        self._writeDisconnected = self._writeDisconnecting = False
+        self.dataBuffer, self.offset = b"", 0
+        self._tempDataBuffer, self._tempDataLen = [], 0
+        self.producer = None
+        self.writing = False
+
+    def startWriting(self) -> None:
+        self.writing = True
+
+    def stopWriting(self) -> None:
+        self.writing = False
+
+
+def test_gathered_writes_keep_views_queued_and_send_them_in_order():
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    a.setblocking(False)
+    b.setblocking(False)
+    tr = _GatherTransport(a)
+    assert gather_writes(tr)
+    rng = random.Random(5)
+    big = rng.randbytes(3 << 20)
+    parts = [b"head", memoryview(big)[1:], b"tail"]
+    write_parts(tr, parts, sum(len(p) for p in parts))
+    got = bytearray(_drain(b))
+    assert 0 < len(got) < len(big) and tr.writing
+    # The rest is queued as views of the caller's data: no joined copy.
+    assert any(isinstance(p, memoryview) and p.obj is big for p in tr._tempDataBuffer)
+    tr.write(b"small")                               # Twisted's own path, behind the views
+    more = rng.randbytes(DIRECT_MIN * 3)
+    write_parts(tr, [more], len(more))               # busy: queued, not sent ahead
+    tr.disconnecting = True
+    for _ in range(10_000):
+        result = tr.doWrite()
+        got += _drain(b)
+        if not tr.writing:
+            break
+    assert bytes(got) == b"head" + big[1:] + b"tail" + b"small" + more
+    assert tr._tempDataLen == 0 and result == main.CONNECTION_DONE
     a.close()
     b.close()
 
