@@ -98,6 +98,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kafka_fetch_byte_rate", "CONNECTORS_KAFKA_FETCH_BYTE_RATE", "kafka-fetch-byte-rate",
             "kafka", "fetch_byte_rate", "size", 0,
             "per-client fetch quota in bytes/s (0 = unlimited)"),
+    Setting("kafka_num_partitions", "CONNECTORS_KAFKA_NUM_PARTITIONS", "kafka-num-partitions",
+            "kafka", "num_partitions", "partitions", 1,
+            "partitions of an auto-created topic, and of CreateTopics without a count (Kafka's "
+            "num.partitions; at most 256)"),
     Setting("kafka_auto_create_topics", "CONNECTORS_KAFKA_AUTO_CREATE_TOPICS",
             "kafka-auto-create-topics", "kafka", "auto_create_topics", "bool", True,
             "create unknown topics on Metadata/Produce"),
@@ -238,6 +242,7 @@ class Settings:
     kafka_log_retention_check_interval_ms: int = 60000
     kafka_produce_byte_rate: int = 0
     kafka_fetch_byte_rate: int = 0
+    kafka_num_partitions: int = 1
     kafka_auto_create_topics: bool = True
     kafka_bind_host: str = "0.0.0.0"
     data_dir: Path = Path("./kmq-data")
@@ -267,6 +272,8 @@ def _name(s: Setting) -> str:
 
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _JAVA_INT_MAX = 2**31 - 1
+MAX_TOPIC_PARTITIONS = 256
+"""Most partitions a topic may have (the seed's cap; CreateTopics, CreatePartitions)."""
 
 
 def _parse(s: Setting, raw: Any) -> Any:
@@ -283,7 +290,7 @@ def _parse(s: Setting, raw: Any) -> Any:
         if text in _FALSE:
             return False
         raise bad("is not a boolean (use true/false, yes/no, on/off, 1/0)")
-    if s.kind in ("port", "port0", "size", "posint", "posint0"):
+    if s.kind in ("port", "port0", "size", "posint", "posint0", "partitions"):
         if isinstance(raw, bool):
             raise bad("is not an integer")
         if isinstance(raw, int):
@@ -303,6 +310,8 @@ def _parse(s: Setting, raw: Any) -> Any:
             raise bad("must not be negative")
         if s.kind == "posint" and value < 1:
             raise bad("must be a positive integer")
+        if s.kind == "partitions" and not 1 <= value <= MAX_TOPIC_PARTITIONS:
+            raise bad(f"is not a partition count in 1..{MAX_TOPIC_PARTITIONS}")
         return value
     if not isinstance(raw, str):
         raise bad("is not a string")

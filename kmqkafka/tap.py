@@ -88,7 +88,8 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher
     broker.extras["topics"] = TopicCatalog(
-        store, max_partitions=partition_budget(settings.kafka_max_connections))
+        store, default_partitions=settings.kafka_num_partitions,
+        max_partitions=partition_budget(settings.kafka_max_connections))
     broker.extras["topics"].on_deleted(lambda topic: metrics.forget_topic(topic.name))
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)

@@ -81,6 +81,8 @@ BAD_VALUES = [
     ("CONNECTORS_KAFKA_PRODUCE_BYTE_RATE", "-1"),
     ("CONNECTORS_KAFKA_FETCH_BYTE_RATE", "lots"),
     ("CONNECTORS_KAFKA_AUTO_CREATE_TOPICS", "perhaps"),
+    ("CONNECTORS_KAFKA_NUM_PARTITIONS", "0"),
+    ("CONNECTORS_KAFKA_NUM_PARTITIONS", "257"),                # past a topic's partition cap
     ("CONNECTORS_KAFKA_TLS_ENABLE", "2"),
     ("KMQKAFKA_HTTP_PORT", "http"),
     ("KMQKAFKA_NODE_ID", "-1"),

@@ -189,7 +189,7 @@ _BROKER_DOCS: dict[str, str] = {
     "log.dirs": "The data dir holding every channel (KMQKAFKA_DATA_DIR).",
     "max.connections": "Kafka connections this node accepts at once.",
     "node.id": "This node's id (KMQKAFKA_NODE_ID).",
-    "num.partitions": "Partition count of auto-created topics.",
+    "num.partitions": "Partition count of auto-created topics and of CreateTopics without one.",
     "offsets.topic.replication.factor": "Committed offsets live in the replicated store, not "
                                         "in a topic.",
     "transaction.state.log.replication.factor": "Producer state lives in the replicated "
@@ -270,7 +270,7 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "log.dirs": (str(ctx.broker.settings.data_dir), SOURCE_STATIC_BROKER, STRING),
         "max.connections": (str(s.kafka_max_connections), SOURCE_STATIC_BROKER, INT),
         "node.id": (str(me), SOURCE_STATIC_BROKER, INT),
-        "num.partitions": (str(topics.default_partitions), SOURCE_DEFAULT, INT),
+        "num.partitions": (str(topics.default_partitions), SOURCE_STATIC_BROKER, INT),
         "offsets.topic.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
         "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
     }

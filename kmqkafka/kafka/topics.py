@@ -24,6 +24,7 @@ from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kmqkafka.config import MAX_TOPIC_PARTITIONS
 from kmqkafka.kafka.errors import KafkaError
 from kmqkafka.store import commands as c
 from kmqkafka.store.config import LogConfig
@@ -32,7 +33,7 @@ from kmqkafka.store.names import channel_for
 
 _log = Logger()
 
-MAX_PARTITIONS = 256
+MAX_PARTITIONS = MAX_TOPIC_PARTITIONS
 MAX_TOPIC_NAME = 249
 # Apache Kafka's own internal topics. Here groups, offsets and producer state live in the
 # store's coordinator channels, so these names are never user topics: CreateTopics refuses

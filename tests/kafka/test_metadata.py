@@ -53,6 +53,31 @@ def test_auto_create_can_be_turned_off(tmp_path):
         b.stop()
 
 
+def test_num_partitions_sets_auto_created_and_countless_topics(tmp_path):
+    """Kafka's num.partitions: auto-create (Produce and Metadata) and CreateTopics without a
+    count use it; DescribeConfigs reports it as the broker's static setting."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import ConfigResource, NewTopic
+
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_NUM_PARTITIONS": "3"})
+    try:
+        a = admin(b.bootstrap)
+        p = Producer({"bootstrap.servers": b.bootstrap})
+        p.produce("by.produce", b"v")
+        assert p.flush(15) == 0
+        assert len(a.list_topics(topic="by.metadata", timeout=10)
+                   .topics["by.metadata"].partitions) == 3
+        a.create_topics([NewTopic("by.create")])["by.create"].result(10)
+        topics = a.list_topics(timeout=10).topics
+        assert [len(topics[n].partitions) for n in ("by.produce", "by.metadata", "by.create")] == [
+            3, 3, 3]
+        res = ConfigResource(ConfigResource.Type.BROKER, "1")
+        entry = a.describe_configs([res])[res].result(10)["num.partitions"]
+        assert entry.value == "3" and entry.source == 4  # STATIC_BROKER_CONFIG
+    finally:
+        b.stop()
+
+
 def test_tilde_in_a_topic_name_is_invalid_topic_exception(broker):
     md = admin(broker.bootstrap).list_topics(topic="bad~name", timeout=10)
     assert md.topics["bad~name"].error.code() == KafkaError.TOPIC_EXCEPTION  # 17
