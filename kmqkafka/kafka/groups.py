@@ -12,8 +12,8 @@ CreatePartitions handler calls
 
 Clusters: coordinator state lives in memory on one node, so the Raft leader coordinates every
 group. FindCoordinator answers with the leader (COORDINATOR_NOT_AVAILABLE while none is known);
-transaction coordinators are not served yet (COORDINATOR_NOT_AVAILABLE), share-group keys get
-INVALID_REQUEST. ``Coordination`` (``broker.extras["coordination"]``) follows leadership: when
+transaction coordinators are not served (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, so that a
+transactional producer fails at once), share-group keys get INVALID_REQUEST. ``Coordination`` (``broker.extras["coordination"]``) follows leadership: when
 this node becomes leader it passes a barrier (an empty write through Raft, so everything an
 earlier leader committed is applied here), then reloads the coordinators from the replicated
 store; until then it answers COORDINATOR_LOAD_IN_PROGRESS. When it stops leading it drops that
@@ -356,7 +356,10 @@ def find_coordinator(request: Any, ctx: RequestContext) -> Any:
                 return ErrorCode.coordinator_not_available, "no raft leader is known"
             return ErrorCode.none, None
         if key_type == KEY_TYPE_TRANSACTION:
-            return ErrorCode.coordinator_not_available, "transactions are not supported yet"
+            # Not retriable, unlike COORDINATOR_NOT_AVAILABLE: a transactional producer fails
+            # at once (init_transactions) instead of retrying until its timeout.
+            return (ErrorCode.transactional_id_authorization_failed,
+                    "transactions are not supported by this broker")
         return ErrorCode.invalid_request, f"unsupported key type {key_type}"
 
     if ctx.api_version < 4:

@@ -73,9 +73,9 @@ def _ids(ctx: RequestContext) -> ProducerIds:
 
 
 def handle(request: Any, ctx: RequestContext) -> Any:
-    if request.transactional_id is not None:
+    if request.transactional_id is not None:  # no transactions: see groups.find_coordinator
         return make(ctx.response_type, throttle_time=NO_THROTTLE,
-                    error_code=ErrorCode.coordinator_not_available, producer_id=-1,
+                    error_code=ErrorCode.transactional_id_authorization_failed, producer_id=-1,
                     producer_epoch=-1)
     # Without a transactional id Kafka always answers a new producer id at epoch 0, whatever
     # id and epoch the request names (KIP-360 lets it name them; an idempotent producer bumps
