@@ -184,6 +184,6 @@ def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
 
 def register(dispatcher: Dispatcher) -> None:
     """Register DescribeCluster, DescribeTopicPartitions and DescribeLogDirs."""
-    dispatcher.register(DESCRIBE_LOG_DIRS, describe_log_dirs, 1, 5)
+    dispatcher.register(DESCRIBE_LOG_DIRS, describe_log_dirs, 1, 4)
     dispatcher.register(DESCRIBE_CLUSTER, describe_cluster, 0, 2)
     dispatcher.register(DESCRIBE_TOPIC_PARTITIONS, describe_topic_partitions, 0, 0)

@@ -31,7 +31,7 @@ from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 API_KEY = 3
 MIN_VERSION = 0
-MAX_VERSION = 12
+MAX_VERSION = 13  # v13 (KIP-1102) adds only a top-level error code
 _ZERO_UUID = uuid.UUID(int=0)
 
 
@@ -122,6 +122,7 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
         cluster_id=identity.cluster_id(ctx.broker),
         controller_id=identity.controller(ctx.broker),
         topics=tuple(out),
+        error_code=ErrorCode.none,
         cluster_authorized_operations=operations(
             getattr(request, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS),
     )

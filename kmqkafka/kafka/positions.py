@@ -175,6 +175,7 @@ def offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Any:
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register ListOffsets v1..v11 and OffsetForLeaderEpoch v2..v4 (clipped to kio)."""
-    dispatcher.register(LIST_OFFSETS, list_offsets, 1, 11)
+    """Register ListOffsets v1..v10 and OffsetForLeaderEpoch v2..v4 (clipped to kio). The
+    table matches Kafka 4.1 (ListOffsets v11 came with 4.2, and with it OffsetCommit v10)."""
+    dispatcher.register(LIST_OFFSETS, list_offsets, 1, 10)
     dispatcher.register(OFFSET_FOR_LEADER_EPOCH, offset_for_leader_epoch, 2, 4)

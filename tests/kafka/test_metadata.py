@@ -78,6 +78,29 @@ def test_num_partitions_sets_auto_created_and_countless_topics(tmp_path):
         b.stop()
 
 
+def test_kafka_python_pinned_to_kafka_4_works_and_infers_one_release(broker):
+    """kafka-python pinned to a Kafka 4.x release sends the requests of its own table
+    (Metadata v13 among them) without negotiating; left to infer, it must find one release
+    whose every API version this broker serves (4.1: not 4.2's OffsetCommit v10)."""
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+
+    for pinned in ((4, 0, 0), (4, 1, 0)):
+        p = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=pinned)
+        meta = p.send("pinned", value=b"%d" % pinned[1]).get(timeout=20)
+        p.close()
+        c = KafkaConsumer(bootstrap_servers=broker.bootstrap, api_version=pinned,
+                          auto_offset_reset="earliest", consumer_timeout_ms=5000)
+        c.assign([TopicPartition("pinned", 0)])
+        c.seek(TopicPartition("pinned", 0), meta.offset)
+        assert next(iter(c)).value == b"%d" % pinned[1]
+        c.close()
+    a = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        assert a._client.check_version() == (4, 1)
+    finally:
+        a.close()
+
+
 def test_tilde_in_a_topic_name_is_invalid_topic_exception(broker):
     md = admin(broker.bootstrap).list_topics(topic="bad~name", timeout=10)
     assert md.topics["bad~name"].error.code() == KafkaError.TOPIC_EXCEPTION  # 17
