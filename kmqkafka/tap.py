@@ -17,8 +17,8 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.heap import settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
-    acl, admin, api_versions, cluster, configs, consumer_groups, fetch, groups, metadata, offsets,
-    positions, produce, producers, quorum,
+    acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
+    metadata, offsets, placement, positions, produce, producers, quorum,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
@@ -40,7 +40,7 @@ class Options(usage.Options):
 
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
-    offsets, consumer_groups, quorum,
+    offsets, consumer_groups, quorum, placement, config_resources,
 )
 
 

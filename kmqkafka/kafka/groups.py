@@ -524,6 +524,15 @@ def listed_by_coordinator(handler: Callable[[Any, RequestContext], Any]
     return listed
 
 
+def group_ids(broker: Broker) -> list[str]:
+    """Every group this node coordinates, classic and KIP-848, sorted."""
+    ids = [g for g, _kind, _state in coordinator(broker).list_groups()]
+    cg = _consumer_groups(broker)
+    if cg is not None:
+        ids += [g for g, _state in cg.list_groups()]
+    return sorted(set(ids))
+
+
 def list_groups(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     states = {s.lower() for s in getattr(request, "states_filter", ())}
