@@ -76,6 +76,16 @@ SETTINGS: tuple[Setting, ...] = (
             "kafka-group-initial-rebalance-delay-ms", "kafka", "group_initial_rebalance_delay_ms",
             "posint0", 3000, "how long a new classic group waits for more members before its "
             "first rebalance (ms; Kafka's group.initial.rebalance.delay.ms)"),
+    Setting("kafka_group_min_session_timeout_ms",
+            "CONNECTORS_KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS", "kafka-group-min-session-timeout-ms",
+            "kafka", "group_min_session_timeout_ms", "posint", 6000,
+            "shortest session timeout a classic group member may ask for (ms; Kafka's "
+            "group.min.session.timeout.ms)"),
+    Setting("kafka_group_max_session_timeout_ms",
+            "CONNECTORS_KAFKA_GROUP_MAX_SESSION_TIMEOUT_MS", "kafka-group-max-session-timeout-ms",
+            "kafka", "group_max_session_timeout_ms", "posint", 1800000,
+            "longest session timeout a classic group member may ask for (ms; Kafka's "
+            "group.max.session.timeout.ms)"),
     Setting("kafka_consumer_session_timeout_ms", "CONNECTORS_KAFKA_CONSUMER_SESSION_TIMEOUT_MS",
             "kafka-consumer-session-timeout-ms", "kafka", "consumer_session_timeout_ms",
             "posint", 45000, "KIP-848 consumer group session timeout (ms)"),
@@ -236,6 +246,8 @@ class Settings:
     kafka_max_message_bytes: int = 1048576
     kafka_max_groups: int = 10000
     kafka_group_initial_rebalance_delay_ms: int = 3000
+    kafka_group_min_session_timeout_ms: int = 6000
+    kafka_group_max_session_timeout_ms: int = 1800000
     kafka_consumer_session_timeout_ms: int = 45000
     kafka_consumer_heartbeat_interval_ms: int = 5000
     kafka_log_cleaner_backoff_ms: int = 15000
@@ -476,6 +488,11 @@ def load_settings(
                 f"invalid setting {_name(peers_setting)}: this node's id {values['node_id']} "
                 f"(KMQKAFKA_NODE_ID) is not among the peers {ids}"
             )
+    if values["kafka_group_min_session_timeout_ms"] > values["kafka_group_max_session_timeout_ms"]:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['kafka_group_min_session_timeout_ms'])}: larger "
+            f"than the maximum ({values['kafka_group_max_session_timeout_ms']} ms)"
+        )
     if values["raft_election_ticks"] < 2:
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['raft_election_ticks'])}: must be at least 2"

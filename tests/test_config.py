@@ -82,6 +82,7 @@ BAD_VALUES = [
     ("CONNECTORS_KAFKA_FETCH_BYTE_RATE", "lots"),
     ("CONNECTORS_KAFKA_AUTO_CREATE_TOPICS", "perhaps"),
     ("CONNECTORS_KAFKA_NUM_PARTITIONS", "0"),
+    ("CONNECTORS_KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS", "0"),
     ("CONNECTORS_KAFKA_NUM_PARTITIONS", "257"),                # past a topic's partition cap
     ("CONNECTORS_KAFKA_TLS_ENABLE", "2"),
     ("KMQKAFKA_HTTP_PORT", "http"),
@@ -110,6 +111,14 @@ BAD_VALUES = [
 ])
 def test_host_names_and_addresses_are_accepted(name: str, value: str) -> None:
     load_settings({}, {name: value})
+
+
+def test_group_session_timeout_minimum_above_maximum_is_one_line() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings({}, {"CONNECTORS_KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS": "9000",
+                           "CONNECTORS_KAFKA_GROUP_MAX_SESSION_TIMEOUT_MS": "8000"})
+    assert "CONNECTORS_KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("name,value", BAD_VALUES)

@@ -185,6 +185,10 @@ _BROKER_DOCS: dict[str, str] = {
     "broker.id": "This node's id (KMQKAFKA_NODE_ID).",
     "default.replication.factor": "Replication factor of new topics: every Raft member "
                                   "holds every partition.",
+    "group.max.session.timeout.ms": "Longest session timeout a classic group member may ask "
+                                    "for.",
+    "group.min.session.timeout.ms": "Shortest session timeout a classic group member may ask "
+                                    "for.",
     "listeners": "Addresses the Kafka listeners bind.",
     "log.dirs": "The data dir holding every channel (KMQKAFKA_DATA_DIR).",
     "max.connections": "Kafka connections this node accepts at once.",
@@ -268,6 +272,10 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "default.replication.factor": ("1", SOURCE_DEFAULT, INT),
         "listeners": (listeners, SOURCE_STATIC_BROKER, LIST),
         "log.dirs": (str(ctx.broker.settings.data_dir), SOURCE_STATIC_BROKER, STRING),
+        "group.max.session.timeout.ms": (str(s.kafka_group_max_session_timeout_ms),
+                                         SOURCE_STATIC_BROKER, INT),
+        "group.min.session.timeout.ms": (str(s.kafka_group_min_session_timeout_ms),
+                                         SOURCE_STATIC_BROKER, INT),
         "max.connections": (str(s.kafka_max_connections), SOURCE_STATIC_BROKER, INT),
         "node.id": (str(me), SOURCE_STATIC_BROKER, INT),
         "num.partitions": (str(topics.default_partitions), SOURCE_STATIC_BROKER, INT),

@@ -65,7 +65,9 @@ def install(broker: Broker) -> GroupCoordinator:
         return existing
     coordinator = GroupCoordinator(
         broker.reactor, broker.store, max_groups=broker.settings.kafka_max_groups,
-        initial_rebalance_delay_ms=broker.settings.kafka_group_initial_rebalance_delay_ms)
+        initial_rebalance_delay_ms=broker.settings.kafka_group_initial_rebalance_delay_ms,
+        min_session_timeout_ms=broker.settings.kafka_group_min_session_timeout_ms,
+        max_session_timeout_ms=broker.settings.kafka_group_max_session_timeout_ms)
     broker.extras["groups"] = coordinator
 
     coordination = Coordination(broker)

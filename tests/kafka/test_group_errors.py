@@ -103,6 +103,20 @@ def test_find_coordinator_every_version(broker: BrokerProcess, raw: RawClient) -
     assert r.coordinators[0].error_code is E.transactional_id_authorization_failed
 
 
+def test_session_timeout_bounds_are_settings(tmp_path: Path) -> None:
+    """Kafka's group.min/max.session.timeout.ms: test rigs lower the minimum to run groups
+    with short session timeouts (kafka-python's own suite asks for 3 s)."""
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS": "1000",
+                                    "CONNECTORS_KAFKA_GROUP_MAX_SESSION_TIMEOUT_MS": "20000"})
+    try:
+        with RawClient(b.kafka_port) as raw:
+            assert join(raw, "short", session=1000).error_code is E.member_id_required
+            assert join(raw, "short", session=999).error_code is E.invalid_session_timeout
+            assert join(raw, "long", session=20001).error_code is E.invalid_session_timeout
+    finally:
+        b.stop()
+
+
 def test_join_errors(raw: RawClient) -> None:
     assert join(raw, "").error_code is E.invalid_group_id
     assert join(raw, "e1", session=1000).error_code is E.invalid_session_timeout
