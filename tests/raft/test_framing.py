@@ -114,11 +114,17 @@ def _drain(sock: socket.socket) -> bytes:
         out += chunk
 
 
-def test_write_parts_sends_what_fits_and_queues_the_rest_in_order():
+def _small_buffer_pair() -> tuple[socket.socket, socket.socket]:
+    """A non-blocking socket pair whose sender fills after 64 KiB."""
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
     a.setblocking(False)
     b.setblocking(False)
+    return a, b
+
+
+def test_write_parts_sends_what_fits_and_queues_the_rest_in_order():
+    a, b = _small_buffer_pair()
     tr = _Transport(a)
     rng = random.Random(3)
     parts = [b"head", rng.randbytes(3 << 20), memoryview(rng.randbytes(500_000))[7:], b"tail"]
@@ -158,10 +164,7 @@ class _GatherTransport(tcp.Connection):
 
 
 def test_gathered_writes_keep_views_queued_and_send_them_in_order():
-    a, b = socket.socketpair()
-    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
-    a.setblocking(False)
-    b.setblocking(False)
+    a, b = _small_buffer_pair()
     tr = _GatherTransport(a)
     assert gather_writes(tr)
     rng = random.Random(5)
