@@ -44,9 +44,11 @@ LEADER_EPOCH = 0
 SESSIONS_KEY = "fetch_sessions"
 PARTITION_SOFT_CAP = 2 << 20
 """Bytes one partition contributes to a response even when the client allows more (a
-consumer's ``max.partition.fetch.bytes`` is often tens of MiB). librdkafka consumes 100 B
-records faster from ~2 MiB responses than from 10 MiB ones (bench/README.md: +14-27 %; 1 KiB
-records neutral to +10 %). Returning less than allowed is within the protocol; a first batch
+consumer's ``max.partition.fetch.bytes`` is often tens of MiB), so one partition's backlog
+does not make a response, and the time to build and send it, grow without bound. librdkafka's
+consume rate was measured the same at 2, 10 and 64 MiB (bench/README.md; an earlier run had
+favoured 2 MiB by 14-27 % for 100 B records). Returning less than allowed is within the
+protocol; a first batch
 larger than the cap is still returned whole when the limits allow, and a response the cap
 leaves short of ``min_bytes`` is read again without it (it must not wait for withheld bytes)."""
 
