@@ -7,8 +7,8 @@ which raises ``KafkaError`` synchronously for bad input and returns a Deferred t
 fires once the change is durable. DeleteRecords goes to the store directly
 (Kafka offset = Sequence - 1).
 
-This broker is a one-member cluster: a replication factor above 1 cannot be met,
-and a manual assignment may only name this node.
+Every Raft member holds every partition: the replication factor is the member count (a
+higher one cannot be met), and a manual assignment must list each member once, in any order.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
     """Create each topic; answers per topic with partitions, replication factor and configs
     (v5+) and the topic id (v7+). ``validate_only`` reports the same outcome, changing nothing."""
     topics = _catalog(ctx)
-    me = identity.node_id(ctx.broker)
+    everyone = _replica_set(ctx)
     dup = _duplicates([t.name for t in request.topics])
     names: list[str] = []
     work: list[Deferred] = []
@@ -89,20 +89,22 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
                                f"Create topics request from client `{ctx.client_id}` contains "
                                f"multiple entries for the following topics: {t.name}"))
         else:
-            work.append(_outcome(lambda t=t: _create_one(topics, t, me, request.validate_only,
-                                                         _broker_count(ctx))))
+            work.append(_outcome(lambda t=t: _create_one(topics, t, everyone,
+                                                         request.validate_only)))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _create_response(ctx, names, outcomes,
                                                            request.validate_only))
 
 
-def _broker_count(ctx: RequestContext) -> int:
-    """Every partition is replicated to every Raft member, so that is the replication factor."""
-    return max(1, len(identity.members(ctx.broker)))
+def _replica_set(ctx: RequestContext) -> tuple[int, ...]:
+    """Every partition is replicated to every Raft member: the replicas of any partition, and
+    their count the replication factor."""
+    return tuple(m.node_id for m in identity.members(ctx.broker)) or (
+        identity.node_id(ctx.broker),)
 
 
-def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool,
-                brokers: int = 1) -> Deferred:
+def _create_one(topics: TopicCatalog, t: Any, everyone: tuple[int, ...],
+                validate_only: bool) -> Deferred:
     validate_topic_name(t.name)
     if topics.get(t.name) is not None:
         raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{t.name}' already exists.")
@@ -113,7 +115,7 @@ def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool,
             raise KafkaError(ErrorCode.invalid_request,
                              "Both numPartitions or replicationFactor and replicasAssignments "
                              "were set. Both cannot be used at the same time.")
-        partitions = _check_assignment(assignments, me)
+        partitions = _check_assignment(assignments, everyone)
     elif t.replication_factor == 0 or t.replication_factor < -1:
         raise KafkaError(ErrorCode.invalid_replication_factor,
                          "Replication factor must be larger than 0, or -1 to use the default "
@@ -121,11 +123,11 @@ def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool,
     elif t.num_partitions == 0 or t.num_partitions < -1:
         raise KafkaError(ErrorCode.invalid_partitions,
                          "Number of partitions was set to an invalid non-positive value.")
-    elif t.replication_factor > brokers:
+    elif t.replication_factor > len(everyone):
         raise KafkaError(ErrorCode.invalid_replication_factor,
                          f"Unable to replicate the partition {t.replication_factor} time(s): "
                          f"The target replication factor of {t.replication_factor} cannot be "
-                         f"reached because only {brokers} broker(s) are registered.")
+                         f"reached because only {len(everyone)} broker(s) are registered.")
     nulls = [c.name for c in t.configs if c.value is None]
     if nulls:
         raise KafkaError(ErrorCode.invalid_config,
@@ -134,24 +136,38 @@ def _create_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool,
     return topics.create(t.name, partitions, configs, validate_only=validate_only)
 
 
-def _check_assignment(assignments: Any, me: int) -> int:
-    """Partition count of a manual assignment; it may only place one replica, on this node."""
+def _check_assignment(assignments: Any, everyone: tuple[int, ...]) -> int:
+    """Partition count of a manual assignment; each partition must list every node."""
     indexes = sorted(a.partition_index for a in assignments)
     if indexes != list(range(len(indexes))):
         raise KafkaError(ErrorCode.invalid_replica_assignment,
                          "Partitions should be consecutive and start at 0.")
     for a in assignments:
-        if not a.broker_ids:
-            raise KafkaError(ErrorCode.invalid_replica_assignment,
-                             f"Partition {a.partition_index} has no replicas.")
-        if any(b != me for b in a.broker_ids):
-            raise KafkaError(ErrorCode.invalid_replica_assignment,
-                             f"Partition {a.partition_index} names a broker that is not "
-                             f"registered: {list(a.broker_ids)} (this cluster has broker {me})")
-        if len(a.broker_ids) > 1:
-            raise KafkaError(ErrorCode.invalid_replica_assignment,
-                             f"Partition {a.partition_index} lists broker {me} more than once.")
+        _check_replicas(list(a.broker_ids), everyone, a.partition_index)
     return len(indexes)
+
+
+def _check_replicas(ids: list[int], everyone: tuple[int, ...], partition: int) -> None:
+    """A partition's manual replica list, with Kafka's messages: every node replicates every
+    partition here, so the only placement there is lists each node once, in any order."""
+    if not ids:
+        raise KafkaError(ErrorCode.invalid_replica_assignment,
+                         "The manual partition assignment includes an empty replica list.")
+    for b in ids:
+        if b not in everyone:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"The manual partition assignment includes broker {b}, but no "
+                             f"such broker is registered.")
+        if ids.count(b) > 1:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"The manual partition assignment includes the broker {b} more "
+                             f"than once.")
+    if len(ids) != len(everyone):
+        raise KafkaError(ErrorCode.invalid_replica_assignment,
+                         f"The manual partition assignment includes a partition with "
+                         f"{len(ids)} replica(s), but this is not consistent with previous "
+                         f"partitions, which have {len(everyone)} replica(s): every node holds "
+                         f"every partition here (partition {partition}).")
 
 
 def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outcome],
@@ -175,7 +191,7 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
             t.CreatableTopicResult, name=name,
             topic_id=_ZERO_UUID if validate_only else topic.topic_id,
             error_code=ErrorCode.none, error_message=None, num_partitions=topic.partitions,
-            replication_factor=_broker_count(ctx), configs=configs))
+            replication_factor=len(_replica_set(ctx)), configs=configs))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
 
 
@@ -245,9 +261,10 @@ def _delete_response(ctx: RequestContext, entries: list[tuple[str | None, uuid.U
 def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
     """Grow topics under the seed's increase-only rules (1..256; equal, smaller and > 256 are
     INVALID_PARTITIONS with the seed's messages). Assignments, when given, must name one new
-    partition each, on this node. ``validate_only`` reports the same outcome, changing nothing."""
+    partition each, listing every member. ``validate_only`` reports the same outcome, changing
+    nothing."""
     topics = _catalog(ctx)
-    me = identity.node_id(ctx.broker)
+    everyone = _replica_set(ctx)
     dup = _duplicates([t.name for t in request.topics])
     names: list[str] = []
     work = []
@@ -259,12 +276,13 @@ def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))
         else:
             work.append(_outcome(lambda t=t: topics.retrying(
-                lambda: _grow_one(topics, t, me, request.validate_only))))
+                lambda: _grow_one(topics, t, everyone, request.validate_only))))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _partitions_response(ctx, names, outcomes))
 
 
-def _grow_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool) -> Deferred:
+def _grow_one(topics: TopicCatalog, t: Any, everyone: tuple[int, ...],
+              validate_only: bool) -> Deferred:
     current = topics.require(t.name).partitions
     # The seed's count rules come first: checking them is what validate_only promises.
     d = topics.add_partitions(t.name, t.count, validate_only=True)
@@ -275,10 +293,7 @@ def _grow_one(topics: TopicCatalog, t: Any, me: int, validate_only: bool) -> Def
                              f"Attempted to add {added} additional partition(s), but only "
                              f"{len(t.assignments)} assignment(s) were specified.")
         for i, a in enumerate(t.assignments):
-            if list(a.broker_ids) != [me]:
-                raise KafkaError(ErrorCode.invalid_replica_assignment,
-                                 f"Partition {current + i} may only be placed on broker {me}; "
-                                 f"got {list(a.broker_ids)}")
+            _check_replicas(list(a.broker_ids), everyone, current + i)
     if validate_only:
         return d
     return topics.add_partitions(t.name, t.count)

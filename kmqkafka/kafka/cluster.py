@@ -186,4 +186,5 @@ def register(dispatcher: Dispatcher) -> None:
     """Register DescribeCluster, DescribeTopicPartitions and DescribeLogDirs."""
     dispatcher.register(DESCRIBE_LOG_DIRS, describe_log_dirs, 1, 4)
     dispatcher.register(DESCRIBE_CLUSTER, describe_cluster, 0, 2)
-    dispatcher.register(DESCRIBE_TOPIC_PARTITIONS, describe_topic_partitions, 0, 0)
+    dispatcher.register(DESCRIBE_TOPIC_PARTITIONS, identity.settled_first(describe_topic_partitions),
+                        0, 0)

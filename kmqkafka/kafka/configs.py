@@ -512,7 +512,7 @@ def _alter_response(ctx: RequestContext, resources: Any,
 
 def register(dispatcher: Dispatcher) -> None:
     """Register DescribeConfigs, AlterConfigs and IncrementalAlterConfigs."""
-    dispatcher.register(DESCRIBE_CONFIGS, describe_configs, 1, 4)
+    dispatcher.register(DESCRIBE_CONFIGS, identity.settled_first(describe_configs), 1, 4)
     dispatcher.register(ALTER_CONFIGS, alter_configs, 0, 2)
     dispatcher.register(INCREMENTAL_ALTER_CONFIGS, incremental_alter_configs, 0, 1)
 

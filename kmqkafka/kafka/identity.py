@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kmqkafka.kafka.context import Broker
 from kmqkafka.store.fsutil import write_atomic
@@ -164,3 +164,24 @@ def term(broker: Broker) -> int:
     driver = getattr(_proposer(broker), "driver", None)
     node = getattr(driver, "node", None)
     return int(getattr(node, "term", 0) or 0) if clustered(broker) else 0
+
+
+SETTLE_S = 1.0
+"""Longest a follower holds a metadata read for its own apply to catch up."""
+
+
+def settled_first(handler: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """Run a metadata read (Metadata, DescribeConfigs, DescribeTopicPartitions) once this
+    node has applied all it knows to be committed: admin clients create a topic through the
+    controller and at once describe it through any node, which must not call it unknown."""
+
+    def run(request: Any, ctx: Any) -> Any:
+        if not clustered(ctx.broker):
+            return handler(request, ctx)
+        d = ctx.broker.store.settled(SETTLE_S)
+        if d.called:
+            return handler(request, ctx)
+        return d.addCallback(lambda _: handler(request, ctx))
+
+    run.__name__ = getattr(handler, "__name__", "settled")
+    return run

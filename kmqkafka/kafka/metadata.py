@@ -129,4 +129,4 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
 
 
 def register(dispatcher: Dispatcher) -> None:
-    dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)
+    dispatcher.register(API_KEY, identity.settled_first(handle), MIN_VERSION, MAX_VERSION)

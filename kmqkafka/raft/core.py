@@ -711,7 +711,10 @@ class RaftNode:
 
     def _after_match(self, peer: int) -> None:
         if self._maybe_commit():
-            self._broadcast_append()
+            # Followers that already hold everything learn the new commit now, not at the
+            # next heartbeat: they serve reads (Fetch, Metadata) up to it, and a topic created
+            # through the leader was unknown on them for up to a tick after the answer.
+            self._broadcast_append(send_empty=True)
             self._step_down_if_removed()
             if self.role is not Role.LEADER:
                 return
@@ -784,10 +787,10 @@ class RaftNode:
         pr.become_snapshot(snap.meta.index)
         self._send(InstallSnapshot(self.id, to, self.term, snap))
 
-    def _broadcast_append(self) -> None:
+    def _broadcast_append(self, send_empty: bool = False) -> None:
         for peer in sorted(self._progress):
             if peer != self.id:
-                self._send_append(peer)
+                self._send_append(peer, send_empty)
 
     def _broadcast_heartbeat(self, context: bytes) -> None:
         for peer in sorted(self._progress):

@@ -305,7 +305,7 @@ class RaftDriver:
             self._app.on_soft_state(rd.soft_state)
             self._check_transfers()
         late = rd.messages
-        if late and rd.entries and self.node.role is Role.LEADER:
+        if late and self.node.role is Role.LEADER:
             # A leader's Appends and Heartbeats promise nothing about its own disk, so they go
             # out now and the followers' fsyncs overlap the leader's (Raft thesis 10.2.1). The
             # core counts the leader's own entries at once, so a follower's ack may move the
@@ -313,6 +313,9 @@ class RaftDriver:
             # (applied entries, the commit field of messages) only with the next Ready, cut
             # after this save returned (one Ready at a time), so nothing is applied or
             # announced as committed before a quorum, the leader included, holds it on disk.
+            # Without new entries they go out before this node applies the commit too, so a
+            # follower hears of a commit before the leader answers the client whose write it
+            # was (that client may ask the follower next).
             term = self.node.term
             early = [m for m in late if type(m) in _EARLY and m.term == term]
             if early:

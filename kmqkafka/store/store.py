@@ -200,6 +200,19 @@ class ChannelStore:
         attempt()
         return done
 
+    def settled(self, timeout_s: float) -> Deferred:
+        """Fire once this node has applied every entry it knows to be committed (at most
+        ``timeout_s`` later). A follower learns a commit a moment before it applies it; a
+        client told by the leader that its topic exists may ask a follower in that moment.
+        A lone node, or one with nothing pending, fires at once."""
+        proposer = self._proposer
+        driver = getattr(proposer, "driver", None)
+        if driver is None or proposer.applied_index >= proposer.commit_index:
+            return succeed(None)
+        done = driver.wait_applied(proposer.commit_index)
+        timer = self._reactor.callLater(timeout_s, lambda: done.called or done.callback(None))
+        return done.addBoth(lambda r: (timer.active() and timer.cancel(), r)[1])
+
     def leader_id(self) -> int | None:
         """The Raft leader's node id (None: unknown, or no Raft)."""
         get = getattr(self._proposer, "leader_id", None)

@@ -263,6 +263,52 @@ def test_raw_produce_and_admin_sent_straight_to_a_follower(cluster: Cluster):
     assert r.error_code == E.none and r.producer_id >= 0
 
 
+def test_a_topic_changed_through_the_leader_is_known_at_once_on_every_node(cluster: Cluster):
+    """Admin clients create or grow a topic through the controller and at once describe it
+    through any node: a follower must not answer with what it held before the change (it
+    used to, for up to a Raft tick: aiokafka's and kafka-python's admin suites failed)."""
+    leader = cluster.leader()
+    followers = [i for i in cluster.live() if i != leader]
+    Ct = req("create_topics", 5, "CreateTopicsRequest")
+    Ctt = req("create_topics", 5, "CreatableTopic")
+    Cp = req("create_partitions", 1, "CreatePartitionsRequest")
+    Cpt = req("create_partitions", 1, "CreatePartitionsTopic")
+    Cpa = req("create_partitions", 1, "CreatePartitionsAssignment")
+    Md = req("metadata", 12, "MetadataRequest")
+    Mdt = req("metadata", 12, "MetadataRequestTopic")
+
+    def seen(raw: RawClient, name: str) -> Any:
+        r = raw.call(Md(topics=(Mdt(name=name, topic_id=None),),
+                        allow_auto_topic_creation=False,
+                        include_topic_authorized_operations=False))
+        return r.topics[0].error_code, len(r.topics[0].partitions)
+
+    views = {i: RawClient(cluster.kafka_ports[i]) for i in followers}
+    try:
+        with RawClient(cluster.kafka_ports[leader]) as raw:
+            for k in range(8):
+                name = f"fresh{k}"
+                r = raw.call(Ct(topics=(Ctt(name=name, num_partitions=2, replication_factor=-1,
+                                            assignments=(), configs=()),),
+                                timeout=ms(10000), validate_only=False))
+                assert r.topics[0].error_code == E.none, r
+                assert [seen(v, name) for v in views.values()] == [(E.none, 2)] * len(views)
+                everyone = [follower for follower in followers] + [leader]
+                r = raw.call(Cp(topics=(Cpt(name=name, count=3, assignments=(
+                    Cpa(broker_ids=tuple(everyone)),)),), timeout=ms(10000),
+                    validate_only=False))
+                assert r.results[0].error_code == E.none, r
+                assert [seen(v, name) for v in views.values()] == [(E.none, 3)] * len(views)
+            # A manual assignment lists every node: one replica alone is not a placement here.
+            r = raw.call(Cp(topics=(Cpt(name="fresh0", count=4, assignments=(
+                Cpa(broker_ids=(leader,)),)),), timeout=ms(10000), validate_only=False))
+            assert r.results[0].error_code == E.invalid_replica_assignment
+            assert "which have 3 replica(s)" in r.results[0].error_message
+    finally:
+        for v in views.values():
+            v.close()
+
+
 def _batch(values: list[bytes]) -> bytes:
     """A record batch as a client builds it (kafka-python's record builder)."""
     from kafka.record.default_records import DefaultRecordBatchBuilder
