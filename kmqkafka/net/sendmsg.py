@@ -82,6 +82,8 @@ def _gathered_write(t: Any) -> Any:
     if t.offset < len(t.dataBuffer):
         pieces.append(memoryview(t.dataBuffer)[t.offset:])
     pieces.extend(t._tempDataBuffer)
+    if len(pieces) > _IOV_MAX:
+        pieces = _coalesce(pieces)
     rest: list[Any] = []
     if pieces:
         sent = _send_direct(t.socket, pieces)
@@ -103,6 +105,24 @@ def _gathered_write(t: Any) -> Any:
         t._writeDisconnected = True
         return t._closeWriteConnection()
     return None
+
+
+def _coalesce(pieces: list[Any]) -> list[Any]:
+    """Join each run of small pieces into one (large ones stay views): a reader that lags
+    behind many small responses must not make every ``doWrite`` walk thousands of pieces."""
+    out: list[Any] = []
+    small: list[Any] = []
+    for piece in pieces:
+        if len(piece) >= DIRECT_MIN:
+            if small:
+                out.append(b"".join(small))
+                small = []
+            out.append(piece)
+        else:
+            small.append(piece)
+    if small:
+        out.append(b"".join(small))
+    return out
 
 
 def plain_tcp(transport: Any) -> bool:

@@ -190,6 +190,30 @@ def test_gathered_writes_keep_views_queued_and_send_them_in_order():
     b.close()
 
 
+def test_many_small_queued_pieces_are_joined_and_still_arrive_in_order():
+    a, b = _small_buffer_pair()
+    tr = _GatherTransport(a)
+    assert gather_writes(tr)
+    rng = random.Random(7)
+    big = rng.randbytes(DIRECT_MIN * 4)
+    tr.startWriting()
+    smalls = [rng.randbytes(40) for _ in range(5000)]
+    tr._tempDataBuffer.extend([*smalls[:2500], memoryview(big), *smalls[2500:]])
+    tr._tempDataLen = sum(len(p) for p in tr._tempDataBuffer)
+    got = bytearray()
+    tr.doWrite()
+    assert len(tr._tempDataBuffer) <= 3           # joined runs around the one large view
+    for _ in range(10_000):
+        got += _drain(b)
+        if not tr.writing:
+            break
+        tr.doWrite()
+    got += _drain(b)
+    assert bytes(got) == b"".join(smalls[:2500]) + big + b"".join(smalls[2500:])
+    a.close()
+    b.close()
+
+
 def test_small_writes_take_the_ordinary_path():
     a, b = socket.socketpair()
     tr = _Transport(a)
