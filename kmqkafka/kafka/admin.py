@@ -76,7 +76,7 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
     """Create each topic; answers per topic with partitions, replication factor and configs
     (v5+) and the topic id (v7+). ``validate_only`` reports the same outcome, changing nothing."""
     topics = _catalog(ctx)
-    everyone = _replica_set(ctx)
+    everyone = identity.replica_ids(ctx.broker)
     dup = _duplicates([t.name for t in request.topics])
     names: list[str] = []
     work: list[Deferred] = []
@@ -94,13 +94,6 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _create_response(ctx, names, outcomes,
                                                            request.validate_only))
-
-
-def _replica_set(ctx: RequestContext) -> tuple[int, ...]:
-    """Every partition is replicated to every Raft member: the replicas of any partition, and
-    their count the replication factor."""
-    return tuple(m.node_id for m in identity.members(ctx.broker)) or (
-        identity.node_id(ctx.broker),)
 
 
 def _create_one(topics: TopicCatalog, t: Any, everyone: tuple[int, ...],
@@ -191,7 +184,7 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
             t.CreatableTopicResult, name=name,
             topic_id=_ZERO_UUID if validate_only else topic.topic_id,
             error_code=ErrorCode.none, error_message=None, num_partitions=topic.partitions,
-            replication_factor=len(_replica_set(ctx)), configs=configs))
+            replication_factor=len(identity.replica_ids(ctx.broker)), configs=configs))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
 
 
@@ -264,7 +257,7 @@ def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
     partition each, listing every member. ``validate_only`` reports the same outcome, changing
     nothing."""
     topics = _catalog(ctx)
-    everyone = _replica_set(ctx)
+    everyone = identity.replica_ids(ctx.broker)
     dup = _duplicates([t.name for t in request.topics])
     names: list[str] = []
     work = []

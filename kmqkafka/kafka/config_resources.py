@@ -26,8 +26,7 @@ def _names(ctx: RequestContext, kind: int) -> list[str]:
     if kind == TOPIC:
         return [topic.name for topic in ctx.broker.extras["topics"].all()]
     if kind == BROKER:
-        return [str(node) for node in identity.replicas(
-            ctx.broker, identity.brokers(ctx.broker, ctx.listener))[0]]
+        return [str(node) for node in identity.replica_ids(ctx.broker)]
     if kind == GROUP:
         return groups.group_ids(ctx.broker)
     return []  # CLIENT_METRICS: none are defined here

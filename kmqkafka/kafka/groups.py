@@ -13,8 +13,9 @@ CreatePartitions handler calls
 Clusters: coordinator state lives in memory on one node, so the Raft leader coordinates every
 group. FindCoordinator answers with the leader (COORDINATOR_NOT_AVAILABLE while none is known);
 transaction coordinators are not served (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, so that a
-transactional producer fails at once), share-group keys get INVALID_REQUEST. ``Coordination`` (``broker.extras["coordination"]``) follows leadership: when
-this node becomes leader it passes a barrier (an empty write through Raft, so everything an
+transactional producer fails at once), share-group keys get INVALID_REQUEST.
+``Coordination`` (``broker.extras["coordination"]``) follows leadership: when this node
+becomes leader it passes a barrier (an empty write through Raft, so everything an
 earlier leader committed is applied here), then reloads the coordinators from the replicated
 store; until then it answers COORDINATOR_LOAD_IN_PROGRESS. When it stops leading it drops that
 state (parked JoinGroup/SyncGroup calls get NOT_COORDINATOR). ``coordinated(handler)`` wraps

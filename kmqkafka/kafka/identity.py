@@ -107,12 +107,17 @@ def brokers(broker: Broker, listener: str) -> list[tuple[int, str, int]]:
     return out or [(node_id(broker), *advertised(broker, listener))]
 
 
+def replica_ids(broker: Broker) -> tuple[int, ...]:
+    """The replicas of every partition: each Raft member (this node alone without peers)."""
+    return tuple(m.node_id for m in members(broker)) or (node_id(broker),)
+
+
 def replicas(broker: Broker, listed: list[tuple[int, str, int]],
              ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """``(replicas, isr, offline)`` of every partition, given the ``brokers`` listed in the
     same response: every member is a replica (Kafka keeps offline replicas in the list), the
     listed ones are in sync, the rest are offline."""
-    everyone = tuple(m.node_id for m in members(broker)) or (node_id(broker),)
+    everyone = replica_ids(broker)
     live = {node for node, _host, _port in listed}
     return (everyone, tuple(i for i in everyone if i in live),
             tuple(i for i in everyone if i not in live))

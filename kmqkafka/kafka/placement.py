@@ -42,7 +42,7 @@ def _reassignment_error(ctx: RequestContext, topic: str, partition: int,
         return (ErrorCode.no_reassignment_in_progress,
                 f"Unable to cancel reassignment for {topic}-{partition}: no reassignment is "
                 "in progress.")
-    current = set(identity.replicas(ctx.broker, identity.brokers(ctx.broker, ctx.listener))[0])
+    current = set(identity.replica_ids(ctx.broker))
     if not target or len(set(target)) != len(target):
         return ErrorCode.invalid_replica_assignment, (
             f"The proposed replica assignment {list(target)} is empty or names a broker twice.")
