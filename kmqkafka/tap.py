@@ -14,7 +14,7 @@ from twisted.python import usage
 
 from kmqkafka.config import ConfigError, Settings, load_settings, option_parameters
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.heap import settle_heap
+from kmqkafka.heap import keep_freed_memory, settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
@@ -191,6 +191,7 @@ def makeService(options: Options) -> BrokerService:
     """twistd entry point: validate settings (one line and exit 2 on error), then wire."""
     from twisted.internet import reactor
 
+    keep_freed_memory()
     try:
         settings = load_settings(options, os.environ, options["config"])
         service = build_service(settings, reactor)

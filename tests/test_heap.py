@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import gc
+import platform
+import subprocess
+import sys
 import time
+
+import pytest
 
 from twisted.internet.protocol import Factory
 from twisted.internet.testing import MemoryReactorClock
@@ -46,3 +51,30 @@ def test_on_ready_runs_after_store_and_listeners() -> None:
     service.startService()
     assert seen == [(True, 1)]
     assert service.ready
+
+
+_SECOND_BLOCK_FAULTS = """
+import resource, sys
+from kmqkafka.heap import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+block = bytearray(16 << 20)  # a produce batch's worth and more, as the daemon reads them
+block[::4096] = b"x" * len(block[::4096])
+del block
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+block = bytearray(16 << 20)
+block[::4096] = b"x" * len(block[::4096])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's knobs are glibc's")
+def test_keep_freed_memory_reuses_freed_blocks_without_page_faults() -> None:
+    def faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _SECOND_BLOCK_FAULTS, mode], check=True,
+                             capture_output=True, text=True).stdout
+        return int(out.strip())
+
+    pages = (16 << 20) // 4096
+    assert faults("default") > pages // 2  # glibc handed the first block back to the kernel
+    assert faults("keep") < pages // 8
