@@ -1,6 +1,7 @@
 """Cluster benchmark: a single kmqkafka node against a 3-node Raft cluster on loopback, one run.
 
 Run: .venv/bin/python bench/cluster_bench.py [--quick] [--repeats 3] [--count 300000]
+                                              [--record-bytes 1024]
                                               [--seconds 10] [--latency-seconds 5]
                                               [--only single|cluster] [--data-root DIR]
 
@@ -18,7 +19,7 @@ Phases, each against a fresh 1-partition topic:
    runs leaks in): 1 KiB records, acks=all, at 1,000 msg/s for ``--latency-seconds`` with
    otherwise default client settings (as kafka_bench's e2e phase); ``produce()`` -> delivery
    report, p50/p99/max;
-2. produce throughput: 1 KiB records, acks=all, ``kafka_bench.PRODUCER_TUNING`` (linger.ms=5,
+2. produce throughput: 1 KiB records (``--record-bytes``), acks=all, ``kafka_bench.PRODUCER_TUNING`` (linger.ms=5,
    batch.size=1000000, ...), ``--count`` records or ``--seconds``, whichever first; only acked
    records count; repeated ``--repeats`` times, the median is the figure;
 3. broker CPU over each phase (user+system of every broker process, all threads, % of a core),
@@ -59,6 +60,12 @@ from tansu import HOST, free_port  # noqa: E402
 KIB = 1024
 LAT_RATE = 1000
 BAR_RATIO = 0.5
+def produce_key(size: int) -> str:
+    """The JSON key prefix of a throughput figure: ``produce_acks_all_1k`` for 1 KiB records
+    (the bar's case), ``produce_acks_all_<n>b`` for any other size."""
+    return "produce_acks_all_1k" if size == KIB else f"produce_acks_all_{size}b"
+
+
 LEADER_LINE = re.compile(r"raft node (\d+): (\w[\w-]*), leader (\w+)")
 
 
@@ -217,6 +224,7 @@ def ack_latency_phase(bootstrap: str, topic: str, seconds: float) -> dict[str, A
 def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None],
         disk: DiskMeter) -> dict[str, Any]:
     meter = Meter(dep.pids)
+    size, key = args.record_bytes, produce_key(args.record_bytes)
     run_id = int(time.time())
     topic = f"cbench-{run_id}-{dep.name}-lat"
     create_topic(dep.bootstrap, topic, 1)
@@ -236,12 +244,12 @@ def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None],
                 for i, pid in enumerate(dep.pids, 1):
                     spies.enter_context(Profiler(args.profile, pid).phase(f"{dep.name}-node{i}"))
             before, disk_before = meter.sample(), disk.sample()
-            out = produce_phase(dep.bootstrap, topic, KIB, args.count, "all", args.seconds)
+            out = produce_phase(dep.bootstrap, topic, size, args.count, "all", args.seconds)
             after, disk_after = meter.sample(), disk.sample()
             out["cpu_pct"] = meter.pct(before, after)
             # CPU seconds each node spent per GB acknowledged: comparable across runs whose
             # throughput differs (this machine's run-to-run swing is large).
-            gb = max(out["acked"] * KIB / 1e9, 1e-9)
+            gb = max(out["acked"] * size / 1e9, 1e-9)
             out["cpu_s_per_gb"] = [round((b - a) / gb, 2) for a, b in zip(before[1], after[1])]
             # Bytes the disk wrote meanwhile per byte acknowledged (every node's fsyncs and
             # the writeback they force; 0 on tmpfs).
@@ -257,8 +265,8 @@ def run(dep: Deployment, args: argparse.Namespace, log: Callable[[str], None],
         runs.append(out)
     rates = [x["msg_s"] for x in runs]
     median = statistics.median(rates) if rates else None
-    return {"produce_acks_all_1k_msg_s": None if median is None else round(median),
-            "produce_acks_all_1k_mb_s": None if median is None else round(median * KIB / 1e6, 1),
+    return {f"{key}_msg_s": None if median is None else round(median),
+            f"{key}_mb_s": None if median is None else round(median * size / 1e6, 1),
             "produce_runs_msg_s": [round(x) for x in rates],
             "produce_failed": sum(x["failed"] for x in runs),
             "produce_cpu_pct": [x["cpu_pct"] for x in runs],
@@ -275,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="2 repeats, 5 s phases")
     ap.add_argument("--repeats", type=int, default=3, help="produce runs per deployment")
     ap.add_argument("--count", type=int, default=300_000, help="records per produce run")
+    ap.add_argument("--record-bytes", type=int, default=KIB,
+                    help="record size of the throughput runs (the bar is for 1 KiB)")
     ap.add_argument("--seconds", type=float, default=10.0, help="time cap per produce run")
     ap.add_argument("--latency-seconds", type=float, default=5.0)
     ap.add_argument("--only", choices=("single", "raft1", "cluster"))
@@ -312,14 +322,16 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {name}: {results[name]['error']}")
         log(f"  {name}: {time.monotonic() - t0:.0f}s")
 
-    s, c = results.get("single", {}), results.get("cluster", {})
+    s = results.get("single", {})
+    produce = produce_key(args.record_bytes)
+    label = "1 KiB" if args.record_bytes == KIB else f"{args.record_bytes} B"
     ratio: dict[str, Any] = {}  # cluster/single; raft1/single under "raft1_..."
     for name, prefix in (("cluster", ""), ("raft1", "raft1_")):
-        for key in ("produce_acks_all_1k_msg_s", "ack_p50_ms", "ack_p99_ms"):
+        for key in (f"{produce}_msg_s", "ack_p50_ms", "ack_p99_ms"):
             a, b = results.get(name, {}).get(key), s.get(key)
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
                 ratio[prefix + key] = round(a / b, 3)
-    r = ratio.get("produce_acks_all_1k_msg_s")
+    r = ratio.get(f"{produce}_msg_s")
     bars = {"cluster_produce_ge_50pct_of_single": None if r is None else r >= BAR_RATIO}
 
     def fig(d: dict[str, Any], key: str, fmt: str) -> str:
@@ -329,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(results)
     print(f"{'':34}" + "".join(f"{n:>12}" for n in names) + f"{'cluster/single':>16}")
     for key, title, fmt in (
-            ("produce_acks_all_1k_msg_s", "produce acks=all 1 KiB msg/s", ",d"),
-            ("produce_acks_all_1k_mb_s", "produce acks=all 1 KiB MB/s", ".1f"),
+            (f"{produce}_msg_s", f"produce acks=all {label} msg/s", ",d"),
+            (f"{produce}_mb_s", f"produce acks=all {label} MB/s", ".1f"),
             ("ack_p50_ms", "ack latency p50 ms (1k msg/s)", ".1f"),
             ("ack_p99_ms", "ack latency p99 ms (1k msg/s)", ".1f"),
             ("ack_max_ms", "ack latency max ms", ".1f")):
@@ -343,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n}: {results[n]['error']}")
     print("bar: cluster produce >= 50% of single: "
           f"{bars['cluster_produce_ge_50pct_of_single']} (ratio {r})")
-    settings = {"record_bytes": KIB, "acks": "all", "producer": PRODUCER_TUNING,
+    settings = {"record_bytes": args.record_bytes, "acks": "all", "producer": PRODUCER_TUNING,
                 "count": args.count, "seconds": args.seconds, "repeats": args.repeats,
                 "latency_rate": LAT_RATE, "latency_seconds": args.latency_seconds,
                 "cpus": os.cpu_count(), "python": platform.python_version(),
