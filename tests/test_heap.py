@@ -14,6 +14,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from kmqkafka.heap import settle_heap
 from kmqkafka.service import BrokerService, Listener
+from tests.conftest import start_broker
 
 
 def test_settle_heap_freezes_and_shortens_full_collections() -> None:
@@ -78,3 +79,18 @@ def test_keep_freed_memory_reuses_freed_blocks_without_page_faults() -> None:
     pages = (16 << 20) // 4096
     assert faults("default") > pages // 2  # glibc handed the first block back to the kernel
     assert faults("keep") < pages // 8
+
+
+def test_the_daemon_starts_without_building_hypothesis_tables(tmp_path) -> None:
+    """kio registers Hypothesis strategies when Hypothesis is installed (here it is: a test
+    dependency); the daemon hides it from kio, so start-up stays small and writes nothing
+    into its working directory."""
+    pytest.importorskip("hypothesis")
+    broker = start_broker(tmp_path)
+    try:
+        with open(f"/proc/{broker.proc.pid}/status") as f:
+            peak_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        assert peak_kb < 150_000  # 253 MB with the tables, 63 MB without
+        assert not (broker.cwd / ".hypothesis").exists()
+    finally:
+        broker.stop()
