@@ -372,9 +372,10 @@ class RaftNode:
         return self._transferee
 
     def swap_applied(self, entries: Sequence[Entry]) -> int:
-        """Replace applied, persisted entries by copies with the same index and term (a
-        one-member cluster's ELIDED entries, so its log does not hold written-through data
-        until the next compaction)."""
+        """Replace applied, persisted entries by copies with the same index and term: a
+        one-member cluster's ELIDED entries, or any node's ``Stored`` ones (their bytes left
+        in the Raft log's file), so the log does not hold applied data until the next
+        compaction."""
         return self._log.swap_applied(entries)
 
     def compact(self, index: int, data: bytes) -> Snapshot:

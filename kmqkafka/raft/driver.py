@@ -59,7 +59,7 @@ from twisted.python.failure import Failure
 
 from kmqkafka.raft.core import RaftNode, Ready, Role, SoftState
 from kmqkafka.raft.messages import (
-    ELIDED, Append, Entry, EntryKind, Heartbeat, InstallSnapshot, Message, Snapshot,
+    ELIDED, Append, Entry, EntryKind, Heartbeat, InstallSnapshot, Message, Snapshot, loaded,
 )
 
 __all__ = ["Application", "RaftDriver", "Transport"]
@@ -146,6 +146,7 @@ class RaftDriver:
         # (term, vote) as last saved: write-through only while a Ready leaves them alone.
         self._saved_vote = (hs.term, hs.vote) if hs is not None else (0, 0)
         self.elided_entries = 0
+        self._dropped_to = 0  # applied entries up to here hold no bytes (``Stored``)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -404,7 +405,7 @@ class RaftDriver:
             n = len(committed)
         apply = self._app.apply
         for entry in committed[:n]:
-            apply(entry)
+            apply(loaded(entry))
         return n
 
     def _persisted(self, _: object, rd: Ready, staged: int = 0,
@@ -419,14 +420,27 @@ class RaftDriver:
         if staged:
             self._app.publish()
         for entry in rd.committed_entries[max(staged, early_applied):]:
-            self._app.apply(entry)
+            self._app.apply(loaded(entry))
         self.node.advance(rd)
         if staged:
             self.node.swap_applied([e for e in rd.entries if e.data is ELIDED])
+        self._drop_applied_data()
         self._busy = False
         self._release_applied()
         if not self._maybe_compact():
             self._after_turn()
+
+    def _drop_applied_data(self) -> None:
+        """Put the storage's ``Stored`` copies in place of applied entries, so their bytes
+        are freed now rather than at the next compaction (a follower that still needs one
+        gets it read back from the file). Between saves only: the storage's list is the I/O
+        thread's while a save runs."""
+        stored = getattr(self.storage, "stored_entries", None)
+        applied = self.node.applied_index
+        if stored is None or applied <= self._dropped_to:
+            return
+        self.node.swap_applied(stored(self._dropped_to + 1, applied))
+        self._dropped_to = applied
 
     def _after_turn(self) -> None:
         if self._idle and not self._busy:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, fields
-from typing import ClassVar, Union
+from typing import Any, Callable, ClassVar, Union
 
 __all__ = [
     "ELIDED", "Append", "AppendResp", "ConfChange", "ConfChangeOp", "DecodeError", "Entry",
     "EntryKind",
     "Heartbeat", "HeartbeatResp", "InstallSnapshot", "InstallSnapshotResp", "Message", "MsgType",
     "Gather", "PreVote", "PreVoteResp", "Snapshot", "SnapshotMeta", "TimeoutNow", "Vote",
-    "VoteResp", "decode", "encode", "encode_parts", "FrameBuffer",
+    "VoteResp", "decode", "encode", "encode_parts", "FrameBuffer", "Stored", "loaded",
 ]
 
 _VERSION = 1
@@ -66,6 +66,48 @@ class Gather:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class Stored:
+    """Entry data that lives only in the Raft log's file, once this node has applied it:
+    ``DiskStorage`` hands these out, the driver puts them in place of the bytes, and the
+    bytes are read back (and checked) only if a lagging follower needs the entry or a
+    restarted node replays it. A node's memory then holds the entries it has not applied
+    yet, not everything since the last snapshot (256 MiB per node on a busy cluster).
+
+    ``read(at, size)`` returns the data of the record at file offset ``at``; it is a bound
+    method of the file's reader, so holding a ``Stored`` keeps that file readable."""
+
+    __slots__ = ("size", "_read", "_at")
+
+    def __init__(self, read: Callable[[int, int], Any], at: int, size: int) -> None:
+        self._read = read
+        self._at = at
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def load(self) -> Any:
+        """The bytes (a buffer), read from the file now."""
+        return self._read(self._at, self.size)
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.load())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Stored, Gather, bytes, bytearray, memoryview)):
+            return bytes(self) == bytes(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def loaded(entry: "Entry") -> "Entry":
+    """``entry`` with its data in memory (read back if it is ``Stored``)."""
+    if type(entry.data) is Stored:
+        return Entry(entry.index, entry.term, entry.kind, entry.data.load())
+    return entry
 
 
 class FrameBuffer(bytearray):
@@ -386,6 +428,8 @@ def _append_parts(m: "Append") -> list[bytes]:
             parts.append(head + pack(e.index, e.term, e.kind, size))
             if type(data) is Gather:
                 parts.extend(data.parts)    # a leader's own entry: its pieces, never joined
+            elif type(data) is Stored:
+                parts.append(data.load())   # applied here already: read back from the log
             else:
                 parts.append(data)          # bytes, or a view a follower kept (see decode)
             head = b""

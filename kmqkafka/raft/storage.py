@@ -64,7 +64,7 @@ import crc32c as _crc32c
 from twisted.logger import Logger
 
 from kmqkafka.raft.log import HardState
-from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot, SnapshotMeta
+from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot, SnapshotMeta, Stored
 from kmqkafka.store.fsutil import fsync_dir
 
 if TYPE_CHECKING:
@@ -86,6 +86,8 @@ KEEP_FREE = 4  # freed files kept for reuse
 _MAX_RECORD = 1 << 31
 ROLL_BYTES = 64 << 20
 _IOV_MAX = 512  # buffers per pwritev call (IOV_MAX is 1024 on Linux)
+_INLINE_MAX = 64  # entry data up to this size stays in memory (no ``Stored`` reference)
+_DATA_AT = _REC.size + _ENTRY.size  # an entry's data, from the start of its record
 
 
 class CorruptLog(Exception):
@@ -109,7 +111,7 @@ def _entry_pieces(e: Entry, seed: int = 0) -> list[Any]:
     """[record header + entry header, data...]: the CRC runs over all of them without joining
     them (a ``Gather``'s parts are written as they are)."""
     head = _ENTRY.pack(T_ENTRY, e.index, e.term, e.kind)
-    data = e.data
+    data = e.data.load() if type(e.data) is Stored else e.data
     crc = _crc32c.crc32c(head, seed)
     if type(data) is Gather:
         for part in data.parts:
@@ -139,8 +141,40 @@ def _file_seq(name: str) -> int | None:
     return int(seq)
 
 
+class _Reader:
+    """A read-only descriptor of one WAL file, for the ``Stored`` entries in it. Each of them
+    holds ``read`` (so this object): the descriptor is closed once none is left. A file is
+    freed (deleted, or recycled and overwritten) only after compaction dropped every entry in
+    it from the Raft core, so nothing reads it then; ``read`` checks the record's CRC anyway
+    and raises ``CorruptLog`` rather than return other bytes."""
+
+    __slots__ = ("fd", "seed", "name")
+
+    def __init__(self, path: Path, seed: int) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        self.seed = seed
+        self.name = path.name
+
+    def read(self, at: int, size: int) -> memoryview:
+        """The data of the entry record at offset ``at`` (``size`` bytes of it)."""
+        buf = bytearray(_DATA_AT + size)
+        n = os.preadv(self.fd, [buf], at)
+        length, crc = _REC.unpack_from(buf, 0)
+        view = memoryview(buf)
+        if (n != len(buf) or length != _ENTRY.size + size or buf[_REC.size] != T_ENTRY
+                or _crc32c.crc32c(view[_REC.size:], self.seed) != crc):
+            raise CorruptLog(f"raft log: the entry record at byte {at} of {self.name} is "
+                             f"gone or damaged")
+        return view[_DATA_AT:]
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class _File:
-    __slots__ = ("seq", "path", "size", "last_index", "seed")
+    __slots__ = ("seq", "path", "size", "last_index", "seed", "reader")
 
     def __init__(self, seq: int, path: Path, size: int = 0, last_index: int = 0,
                  seed: int = 0) -> None:
@@ -149,6 +183,12 @@ class _File:
         self.size = size
         self.last_index = last_index  # highest entry index written to this file
         self.seed = seed              # CRC seed of its records (0: no FILE record)
+        self.reader: _Reader | None = None  # for its Stored entries (opened with the file)
+
+    def open_reader(self) -> _Reader:
+        if self.reader is None:
+            self.reader = _Reader(self.path, self.seed)
+        return self.reader
 
 
 class DiskStorage:
@@ -303,7 +343,13 @@ class DiskStorage:
             return
         if kind == T_ENTRY:
             _t, index, term, ekind = _ENTRY.unpack_from(payload, 0)
-            entry = Entry(index, term, EntryKind(ekind), bytes(payload[_ENTRY.size:]))
+            size = len(payload) - _ENTRY.size
+            if ekind == EntryKind.NORMAL and size > _INLINE_MAX:
+                # Left in the file: read back when applied or sent (a restart loads no data).
+                data: Any = Stored(f.open_reader().read, pos, size)
+            else:
+                data = bytes(payload[_ENTRY.size:])
+            entry = Entry(index, term, EntryKind(ekind), data)
             self._put_entries([entry], pos, loading=True)
             f.last_index = max(f.last_index, index)
         elif kind == T_HARD:
@@ -369,11 +415,16 @@ class DiskStorage:
             self._roll()
         pieces: list[Any] = []
         f = self._files[-1]
+        at: list[int] = []  # file offset of each entry's record
         if ready.entries:
             self._put_entries(ready.entries)
             seed = f.seed
+            pos = f.size
             for e in ready.entries:
-                pieces.extend(_entry_pieces(e, seed))
+                at.append(pos)
+                record = _entry_pieces(e, seed)
+                pieces.extend(record)
+                pos += sum(len(p) for p in record)
             f.last_index = max(f.last_index, ready.entries[-1].index)
         sync = bool(ready.entries) and sync_entries
         if ready.hard_state is not None:
@@ -383,8 +434,28 @@ class DiskStorage:
             sync = sync or (old.term, old.vote) != (ready.hard_state.term, ready.hard_state.vote)
         if pieces:
             self._write(pieces)
+        if at:
+            self._keep_on_disk(ready.entries, at, f)
         if sync:
             os.fdatasync(self._fd)
+
+    def _keep_on_disk(self, written: Any, at: list[int], f: _File) -> None:
+        """Hold the entries just written as ``Stored`` references to ``f``, not their bytes."""
+        read = f.open_reader().read
+        base = written[0].index - self._start
+        for n, (e, pos) in enumerate(zip(written, at)):
+            size = len(e.data)
+            if e.kind is EntryKind.NORMAL and size > _INLINE_MAX and type(e.data) is not Stored:
+                self.entries[base + n] = Entry(e.index, e.term, e.kind, Stored(read, pos, size))
+
+    def stored_entries(self, lo: int, hi: int) -> list[Entry]:
+        """The entries ``lo..hi`` (inclusive) whose data is left in the file; the driver puts
+        them in place of applied entries so their bytes can go (``RaftNode.swap_applied``).
+        Reactor thread, between saves."""
+        lo = max(lo, self._start)
+        hi = min(hi, self.last_index)
+        return [e for e in self.entries[lo - self._start:hi - self._start + 1]
+                if type(e.data) is Stored]
 
     def compact(self, snapshot: Snapshot) -> None:
         """The application took ``snapshot`` locally: record it (COMPACT, fdatasync), drop

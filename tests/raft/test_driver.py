@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from kmqkafka.raft.errors import NoLeaderError, NotLeaderError
-from kmqkafka.raft.messages import ELIDED, InstallSnapshot
+from kmqkafka.raft.messages import ELIDED, InstallSnapshot, Stored
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
 from kmqkafka.store.errors import ChannelExists, StoreStopped
@@ -237,6 +237,37 @@ def test_a_lagging_follower_is_caught_up_by_a_snapshot(tmp_path):
     cl.run(1.0)
     assert values(cl.stores[lagging], "kafka.s") == expect + [b"more"]
     assert r.first_sequence == 61
+
+
+def test_applied_entries_drop_their_bytes_and_a_lagging_follower_still_gets_them(tmp_path):
+    """Every node keeps only references (``Stored``) to the applied entries in its Raft log
+    file, not their bytes; a follower that missed entries gets them read back from the
+    leader's file (no snapshot: nothing was compacted)."""
+    cl = Cluster(tmp_path)
+    leader = cl.wait_leader()
+    ls = cl.stores[leader]
+    cl.result(ls.create_channel("kafka.m"))
+    cl.run(0.5)
+    late = next(i for i in cl.ids if i != leader)
+    cl.net.down.add(late)
+    sent = _snapshots_sent_by(cl, leader)
+    expect = [b"%03d" % i + bytes(500) for i in range(30)]
+    for v in expect:
+        cl.result(ls.append_batch("kafka.m", batch(v)))
+    cl.run(1.0)
+    for i, s in cl.stores.items():
+        if i == late:
+            continue
+        node = s.proposer.driver.node
+        applied = [e for e in node._log.entries if e.index <= node.applied_index]
+        assert len(applied) > 30
+        assert not [e for e in applied if len(e.data) > 64 and type(e.data) is not Stored]
+    cl.net.down.discard(late)
+    cl.run(3.0)
+    assert values(cl.stores[late], "kafka.m") == expect
+    assert not sent
+    late_node = cl.stores[late].proposer.driver.node
+    assert all(type(e.data) is Stored for e in late_node._log.entries[-30:])
 
 
 def _cut_off_follower(tmp_path: Path, channel: str,

@@ -684,3 +684,36 @@ def test_a_follower_fetch_past_its_applied_end_waits_for_the_apply(cluster: Clus
     started = time.monotonic()
     assert fetch(1000, 300).error_code == E.offset_out_of_range
     assert time.monotonic() - started >= 0.25
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's resident-set high-water mark (VmHWM), in MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    raise AssertionError("no VmHWM")
+
+
+def test_nodes_hold_only_unapplied_raft_entries_in_memory(cluster: Cluster):
+    """300 MB through the cluster: no node's memory grows with it. Each used to keep every
+    entry since its last snapshot (a compaction every 256 MiB), about 300 MB more each."""
+    leader = cluster.leader()
+    p = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap(leader), "acks": "all",
+                                  "linger.ms": 5, "batch.size": 1_000_000,
+                                  "queue.buffering.max.kbytes": 262_144,
+                                  "message.timeout.ms": 60_000})
+    value = bytes(range(256)) * 4
+    failed: list = []
+    for _ in range(300_000):
+        while True:
+            try:
+                p.produce("rss", value, partition=0,
+                          on_delivery=lambda err, _m: err is None or failed.append(err))
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(60) == 0
+    assert not failed, failed[:3]
+    peaks = {i: peak_rss_mb(b.proc.pid) for i, b in cluster.live().items()}
+    assert max(peaks.values()) < 240, peaks

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from kmqkafka.raft import Entry, EntryKind, HardState, Ready, Snapshot, SnapshotMeta
-from kmqkafka.raft.storage import DiskStorage
+from kmqkafka.raft.messages import Stored, loaded
+from kmqkafka.raft.storage import CorruptLog, DiskStorage
 
 
 def ents(first: int, last: int, term: int = 1) -> tuple[Entry, ...]:
@@ -170,3 +173,41 @@ def test_a_free_file_not_yet_renamed_is_ignored(tmp_path):
     s = DiskStorage.open(tmp_path / "raft", roll_bytes=200)
     assert s.entries == [] and s.first_index == 31
     assert s._free  # kept for reuse across restarts
+
+
+def _big(first: int, last: int, term: int = 1, size: int = 200) -> tuple[Entry, ...]:
+    return tuple(Entry(i, term, EntryKind.NORMAL, bytes([i % 251]) * size)
+                 for i in range(first, last + 1))
+
+
+def test_written_entries_are_held_as_references_to_the_file(tmp_path):
+    """Saved data of more than a few bytes is not kept in memory: the storage holds ``Stored``
+    references (read back on demand), before and after a restart; tiny data stays inline."""
+    st = DiskStorage.open(tmp_path / "raft")
+    big = _big(1, 3)
+    st.save(Ready(entries=big + (Entry(4, 1, EntryKind.NORMAL, b"tiny"),),
+                  hard_state=HardState(1, 1, 4)))
+    for s in (st, reopen(st)):
+        assert [type(e.data) for e in s.entries] == [Stored, Stored, Stored, bytes]
+        assert [bytes(e.data) for e in s.entries[:3]] == [e.data for e in big]
+        assert s.entries[3].data == b"tiny"
+        assert [e.index for e in s.stored_entries(2, 9)] == [2, 3]
+        assert type(loaded(s.entries[0]).data) is not Stored
+        assert bytes(loaded(s.entries[0]).data) == big[0].data
+
+
+def test_a_stored_entry_whose_file_was_reused_is_refused_not_misread(tmp_path):
+    """Compaction frees a file only once the core dropped its entries; should a reference
+    outlive that anyway, reading it fails loudly rather than return another record's bytes."""
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=600)
+    for i in range(1, 21, 2):
+        st.save(Ready(entries=_big(i, i + 1), hard_state=HardState(1, 1, i + 1)))
+    stale = st.entries[0].data
+    live = st.entries[-1]
+    st.compact(Snapshot(SnapshotMeta(18, 1, frozenset({1})), b"kmq-checkpoint:18"))
+    for i in range(21, 41):
+        st.save(Ready(entries=_big(i, i, term=2, size=300), hard_state=HardState(2, 1, i)))
+    assert st.recycled > 0
+    assert bytes(live.data) == _big(20, 20)[0].data  # a live entry still reads back
+    with pytest.raises(CorruptLog):
+        stale.load()
