@@ -44,6 +44,12 @@ write. Recovery therefore may meet a first surviving entry above the snapshot it
 (its predecessors were in a deleted file); the COMPACT record written before that deletion,
 later in the read order, covers the gap, and a gap left uncovered is ``CorruptLog``.
 
+In memory: an entry whose data is more than a few bytes is held as a ``Stored`` reference to
+its record (file, offset, length) from the moment it is written, and after a restart; the
+driver swaps the same references into the core once the entry is applied. Its bytes are read
+back (the record's CRC checked) only for a follower that still lacks it or a replay, so a
+node's memory holds its unapplied entries, not everything since the last compaction.
+
 Recovery reads records in order and stops at the first short or CRC-failing record: a torn tail
 from a crash mid-write is cut off (the file is truncated there). Everything before it was
 written by completed ``save`` calls; ``save`` fsyncs whenever it wrote entries, a snapshot, or a
