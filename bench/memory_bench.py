@@ -1,13 +1,17 @@
 """Memory benchmark: the kmqkafka daemon's RSS while 2 GiB is produced and consumed back.
 
 Run: .venv/bin/python bench/memory_bench.py [--total-mib 2048] [--max-seconds 300]
-                                             [--broker kmqkafka|tansu]
+                                             [--broker kmqkafka|tansu|cluster]
 
 Produces ``--total-mib`` of 1 KiB records (confluent-kafka, acks=all, the producer settings
 of kafka_bench.py) into a one-partition topic, then reads everything back from offset 0 with
 a fresh consumer (kafka_bench's consumer settings), sampling the broker's RSS every 0.5 s
 throughout. Produce and consume each get half of ``--max-seconds``; a broker too slow for the
 total stops early and the bytes actually moved are reported. Bar: max RSS < 256 MB.
+``--broker cluster`` runs a 3-node Raft cluster (cluster_bench's) with the clients on the
+leader and samples every node. The kernel's own high-water mark (VmHWM, what
+``/usr/bin/time`` reports as maximum resident set size) is read at the end as well, since
+0.5 s samples can miss a short peak.
 
 Prints a human summary, then one JSON line last (max_rss_mb, per-phase maxima, bytes moved).
 """
@@ -27,6 +31,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cluster_bench import cluster  # noqa: E402
 from kafka_bench import (  # noqa: E402
     KIB, CONSUMER_TUNING, PRODUCER_TUNING, QUIET, create_topic, data_root, kmqkafka_daemon,
     tansu_daemon,
@@ -115,35 +120,62 @@ def consume(bootstrap: str, topic: str, target: int, seconds: float) -> dict[str
     return {"consumed": got, "seconds": elapsed, "mb_s": got * KIB / elapsed / MB}
 
 
+def peak_rss(pid: int) -> int | None:
+    """The kernel's resident-set high-water mark of ``pid`` in bytes (None off Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--total-mib", type=int, default=2048, help="MiB of 1 KiB records")
     ap.add_argument("--max-seconds", type=float, default=300, help="produce + consume bound")
-    ap.add_argument("--broker", choices=("kmqkafka", "tansu"), default="kmqkafka")
+    ap.add_argument("--broker", choices=("kmqkafka", "tansu", "cluster"), default="kmqkafka")
     ap.add_argument("--data-root", type=Path, help="parent of kmqkafka's temp data dir")
     args = ap.parse_args(argv)
     count = args.total_mib * 1024  # 1 KiB records
-    starter = (lambda: kmqkafka_daemon(args.data_root or data_root())) \
-        if args.broker == "kmqkafka" else tansu_daemon
+    root = args.data_root or data_root()
+    starter = {"kmqkafka": lambda: kmqkafka_daemon(root), "tansu": tansu_daemon,
+               "cluster": lambda: cluster(root)}[args.broker]
     with starter() as d:
-        sampler = RssSampler(d.pid)
-        sampler.start()
+        pids = getattr(d, "pids", None) or [d.pid]
+        samplers = [RssSampler(pid) for pid in pids]
+        for sampler in samplers:
+            sampler.start()
         try:
             topic = f"mem-{int(time.time())}"
             create_topic(d.bootstrap, topic, 1)
-            sampler.mark("produce")
+            for sampler in samplers:
+                sampler.mark("produce")
             prod = produce(d.bootstrap, topic, count, args.max_seconds / 2)
-            sampler.mark("consume")
+            for sampler in samplers:
+                sampler.mark("consume")
             cons = consume(d.bootstrap, topic, prod["acked"], args.max_seconds / 2)
-            sampler.mark("after")
+            for sampler in samplers:
+                sampler.mark("after")
             time.sleep(1.0)
+            hwm = [peak_rss(pid) for pid in pids]
         finally:
-            sampler.stop()
-    peak = max((s[2] for s in sampler.samples), default=0)
+            for sampler in samplers:
+                sampler.stop()
+    by_node = [max((s[2] for s in sampler.samples), default=0) for sampler in samplers]
+    peak = max(by_node)
+    by_phase: dict[str, int] = {}
+    for sampler in samplers:
+        for k, v in sampler.max_by_phase.items():
+            by_phase[k] = max(v, by_phase.get(k, 0))
     out = {
         "broker": args.broker,
         "max_rss_mb": round(peak / MB, 1),
-        "max_rss_mb_by_phase": {k: round(v / MB, 1) for k, v in sampler.max_by_phase.items()},
+        "max_rss_mb_by_phase": {k: round(v / MB, 1) for k, v in by_phase.items()},
+        "max_rss_mb_by_node": [round(v / MB, 1) for v in by_node],
+        "hwm_mb_by_node": [None if v is None else round(v / MB, 1) for v in hwm],
         "bar_lt_256mb": peak / MB < BAR_MB,
         "target_mib": args.total_mib,
         "produced_mib": round(prod["acked"] * KIB / (1 << 20), 1),
@@ -152,12 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         "consume_mb_s": round(cons["mb_s"], 1),
         "produce_s": round(prod["seconds"], 1),
         "consume_s": round(cons["seconds"], 1),
-        "samples": len(sampler.samples),
+        "samples": sum(len(sampler.samples) for sampler in samplers),
     }
     print(f"{args.broker}: produced {out['produced_mib']} MiB at {out['produce_mb_s']} MB/s, "
           f"consumed {out['consumed_mib']} MiB at {out['consume_mb_s']} MB/s")
     print(f"max RSS {out['max_rss_mb']} MB (bar < {BAR_MB} MB: "
-          f"{'ok' if out['bar_lt_256mb'] else 'OVER'}); by phase {out['max_rss_mb_by_phase']}")
+          f"{'ok' if out['bar_lt_256mb'] else 'OVER'}); by phase {out['max_rss_mb_by_phase']}; "
+          f"by node {out['max_rss_mb_by_node']}, kernel high-water mark {out['hwm_mb_by_node']}")
     print(json.dumps(out))
     return 0
 
