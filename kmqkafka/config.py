@@ -213,8 +213,8 @@ def parse_peers(text: str, default_kafka_port: int) -> tuple[Peer, ...]:
             node_id = int(ident)
         except ValueError:
             raise ValueError(f"node id {ident!r} is not an integer") from None
-        if node_id < 1:
-            raise ValueError(f"node id {node_id} must be positive")
+        if node_id < 0:
+            raise ValueError(f"node id {node_id} must not be negative")
         if node_id in peers:
             raise ValueError(f"node id {node_id} is listed twice")
         raft, slash, kafka = rest.partition("/")

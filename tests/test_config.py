@@ -98,6 +98,7 @@ BAD_VALUES = [
     ("KMQKAFKA_PEERS", "1=bad host:19001"),
     ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/tls"),
     ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/70000"),
+    ("KMQKAFKA_PEERS", "-1=127.0.0.1:19001"),
 ]
 
 
@@ -227,3 +228,9 @@ def test_a_peer_entry_may_name_its_tls_port_and_its_own_sets_the_listener() -> N
                            "2=127.0.0.1:19002/127.0.0.1:9192/9193"})
     assert [p.kafka_tls_port for p in s.peers] == [9093, 9193]
     assert (s.kafka_port, s.kafka_tls_port) == (9192, 9193)
+
+
+def test_node_ids_start_at_0_as_kafka_broker_ids_do() -> None:
+    s = load_settings({}, {"KMQKAFKA_NODE_ID": "0", "KMQKAFKA_PEERS":
+                           "0=127.0.0.1:19001/127.0.0.1:9092,1=127.0.0.1:19002/127.0.0.1:9093"})
+    assert s.node_id == 0 and [p.node_id for p in s.peers] == [0, 1]

@@ -176,8 +176,8 @@ class RaftNode:
                  rng: random.Random, pre_vote: bool = True, check_quorum: bool = True,
                  max_msg_bytes: int = 1 << 20, max_inflight_msgs: int = 64,
                  max_inflight_bytes: int = 8 << 20) -> None:
-        if node_id <= 0:
-            raise ValueError("node ids are positive integers")
+        if node_id < 0:
+            raise ValueError("node ids are integers from 0 up")
         if not 0 < heartbeat_ticks < election_ticks:
             raise ValueError("need 0 < heartbeat_ticks < election_ticks")
         self.id = node_id

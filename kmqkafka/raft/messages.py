@@ -7,7 +7,7 @@ Frame layout (big endian): ``u8 version, u8 type, u64 frm, u64 to, u64 term`` fo
 type's fields in declaration order: integers as u64, booleans as u8, byte strings as
 ``u32 length + bytes``, entry lists as ``u32 count`` then per entry
 ``u64 index, u64 term, u8 kind, u32 length, data``, a snapshot as
-``u64 index, u64 term, u32 n, n × u64 voter, u64 length, data``. Node id 0 means "none".
+``u64 index, u64 term, u32 n, n × u64 voter, u64 length, data``.
 """
 from __future__ import annotations
 

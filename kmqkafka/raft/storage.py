@@ -18,9 +18,11 @@ A record is ``u32 length, u32 crc, payload`` with ``payload = u8 type, body`` an
   last one read replaces it and drops everything after it (Raft's overwrite-from-index), so an
   overwrite is just an append. Written with ``os.pwritev`` of (header, data): entry payloads
   are never copied into a buffer.
-- ``2 HARD``: ``u64 term, u64 vote (0 = none), u64 commit``; the last one read wins. Every
-  rolled file starts with one (and with a COMPACT record of the current snapshot, if any), so
-  dropping older files never loses the hard state or the snapshot.
+- ``6 STATE``: ``u64 term, u64 vote + 1 (0 = none), u64 commit``; the last one read wins.
+  Every rolled file starts with one (and with a COMPACT record of the current snapshot, if
+  any), so dropping older files never loses the hard state or the snapshot. Older versions
+  wrote ``2 HARD`` instead, whose vote is the id itself (0 = none: node 0 could not exist
+  then); both are read.
 - ``3 SNAP``: ``u64 index, u64 term, u32 n, n x u64 voter, data``: an installed snapshot; the
   log restarts after it (entries read before it are dropped). First record of the file a
   ``save`` of a snapshot writes (older files are then deleted).
@@ -86,7 +88,7 @@ _ENTRY = struct.Struct(">BQQB")
 _HARD = struct.Struct(">BQQQ")
 _SNAP = struct.Struct(">BQQI")
 _U64 = struct.Struct(">Q")
-T_ENTRY, T_HARD, T_SNAP, T_COMPACT, T_FILE = 1, 2, 3, 4, 5
+T_ENTRY, T_HARD, T_SNAP, T_COMPACT, T_FILE, T_STATE = 1, 2, 3, 4, 5, 6
 FREE = "wal-free"
 KEEP_FREE = 4  # freed files kept for reuse
 _MAX_RECORD = 1 << 31
@@ -128,7 +130,8 @@ def _entry_pieces(e: Entry, seed: int = 0) -> list[Any]:
 
 
 def _hard_record(hs: HardState, seed: int = 0) -> bytes:
-    return _frame(_HARD.pack(T_HARD, hs.term, hs.vote or 0, hs.commit), seed)
+    vote = 0 if hs.vote is None else hs.vote + 1
+    return _frame(_HARD.pack(T_STATE, hs.term, vote, hs.commit), seed)
 
 
 def _snap_record(s: Snapshot, kind: int = T_SNAP, seed: int = 0) -> bytes:
@@ -358,9 +361,12 @@ class DiskStorage:
             entry = Entry(index, term, EntryKind(ekind), data)
             self._put_entries([entry], pos, loading=True)
             f.last_index = max(f.last_index, index)
-        elif kind == T_HARD:
+        elif kind in (T_STATE, T_HARD):
             _t, term, vote, commit = _HARD.unpack_from(payload, 0)
-            self.hard_state = HardState(term, vote or None, commit)
+            if kind == T_STATE:
+                self.hard_state = HardState(term, vote - 1 if vote else None, commit)
+            else:  # an older version's record: the vote is the id, 0 none
+                self.hard_state = HardState(term, vote or None, commit)
         elif kind in (T_SNAP, T_COMPACT):
             _t, index, term, n = _SNAP.unpack_from(payload, 0)
             off = _SNAP.size

@@ -15,7 +15,7 @@ Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting 
     1 RAFT          kmqkafka.raft.messages.encode(message)
     2 FORWARD       u64 request id, encoded store command        (follower -> leader)
     3 FORWARD_OK    u64 request id, u64 index, u64 term           (the entry's position)
-    4 FORWARD_ERR   u64 request id, u64 leader hint (0 = none), UTF-8 reason
+    4 FORWARD_ERR   u64 request id, u64 leader hint (its id + 1; 0 = none), UTF-8 reason
     5 SNAPSHOT_GET  u64 snapshot index
     6 SNAPSHOT_TAR  u64 size, then ``size`` raw bytes: an uncompressed tar of the tree
                     (``u32 length`` is 9 for this kind; the raw bytes follow the frame)
@@ -404,9 +404,9 @@ class RaftTransport:
             rid, index, term = _U64x3.unpack(payload)
             self._finish(rid, (index, term))
         elif kind == FORWARD_ERR:
-            rid, hint = _U64x2.unpack_from(payload)
+            rid, hint = _U64x2.unpack_from(payload)  # the leader's id + 1; 0: none known
             self._finish(rid, NotLeaderError(bytes(payload[16:]).decode("utf-8", "replace"),
-                                             hint or None))
+                                             hint - 1 if hint else None))
         elif kind == SNAPSHOT_GET:
             self._serve_snapshot(link, _U64.unpack(payload)[0])
         elif kind == SNAPSHOT_ERR:
@@ -419,7 +419,8 @@ class RaftTransport:
         try:
             index, term = self._receiver.handle_forward(data)
         except NotLeaderError as e:
-            link.send(FORWARD_ERR, _U64x2.pack(rid, e.leader or 0) + str(e).encode())
+            hint = 0 if e.leader is None else e.leader + 1  # node 0 is a node, not "none"
+            link.send(FORWARD_ERR, _U64x2.pack(rid, hint) + str(e).encode())
             return
         link.send(FORWARD_OK, _U64x3.pack(rid, index, term))
 

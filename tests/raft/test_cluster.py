@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import free_port, start_broker, _wait_healthy
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+import confluent_kafka.admin  # noqa: E402
 
 LEADER_LINE = re.compile(r"raft node (\d+): (\w[\w-]*), leader (\w+)")
 
@@ -80,7 +81,7 @@ def read_all(bootstrap: str, topic: str, count: int,
 
 @pytest.mark.timeout(120)
 def test_kill_9_the_leader_and_every_acknowledged_record_survives_everywhere(tmp_path):
-    ids = [1, 2, 3]
+    ids = [0, 1, 2]  # Kafka's ids start at 0 (broker.id=0): node 0 is a node like any other
     raft_ports = {i: free_port() for i in ids}
     kafka_ports = {i: free_port() for i in ids}
     peers = ",".join(f"{i}=127.0.0.1:{raft_ports[i]}/127.0.0.1:{kafka_ports[i]}" for i in ids)
@@ -96,6 +97,9 @@ def test_kill_9_the_leader_and_every_acknowledged_record_survives_everywhere(tmp
         for b in brokers.values():
             _wait_healthy(b, 30)
         leader = wait_leader(brokers)
+        meta = confluent_kafka.admin.AdminClient(
+            {"bootstrap.servers": brokers[leader].bootstrap}).list_topics(timeout=10)
+        assert sorted(meta.brokers) == ids and meta.controller_id == leader
         first = [b"one-%d" % i for i in range(50)]
         offsets = produce(brokers[leader].bootstrap, "rt", first)
         assert offsets == list(range(50))

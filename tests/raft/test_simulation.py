@@ -46,7 +46,8 @@ class Sim:
         self.seed = seed
         self.rng = random.Random(seed)
         self.steps = steps
-        self.ids = list(range(1, n + 1))
+        first = seed % 2  # half the runs have a node 0 (Kafka's ids start there)
+        self.ids = list(range(first, first + n))
         self.bootstrap = frozenset(self.ids)
         self.storage = {i: MemoryStorage() for i in self.ids}
         self.nodes: dict[int, RaftNode] = {}

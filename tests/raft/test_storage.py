@@ -211,3 +211,20 @@ def test_a_stored_entry_whose_file_was_reused_is_refused_not_misread(tmp_path):
     assert bytes(live.data) == _big(20, 20)[0].data  # a live entry still reads back
     with pytest.raises(CorruptLog):
         stale.load()
+
+
+def test_a_vote_for_node_0_survives_a_restart_and_old_records_still_read(tmp_path):
+    """Node ids start at 0 as Kafka's do, so a vote for node 0 is a vote, not "none"; the
+    records older versions wrote (vote 0 meaning none) keep their meaning."""
+    from kmqkafka.raft import storage as wal
+
+    st = DiskStorage.open(tmp_path / "raft")
+    st.save(Ready(hard_state=HardState(3, 0, 0)))
+    assert reopen(st).hard_state == HardState(3, 0, 0)
+    st = reopen(st)
+    st.save(Ready(hard_state=HardState(4, None, 0)))
+    assert reopen(st).hard_state == HardState(4, None, 0)
+    st = reopen(st)
+    legacy = wal._frame(wal._HARD.pack(wal.T_HARD, 5, 0, 0), st._files[-1].seed)
+    st._write([legacy])
+    assert reopen(st).hard_state == HardState(5, None, 0)
