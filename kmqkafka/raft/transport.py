@@ -54,6 +54,7 @@ from kmqkafka.net.protocol import _tune_socket
 from kmqkafka.net import recvinto
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
+from kmqkafka.raft.storage import CorruptLog
 from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
                                     encode_parts)
 
@@ -352,7 +353,15 @@ class RaftTransport:
             if peer.link is None:
                 self._connect(peer)
                 continue
-            peer.link.send_parts(RAFT, encode_parts(m))
+            try:
+                parts = encode_parts(m)
+            except CorruptLog:
+                # An entry read back from the Raft log file failed its check: drop this
+                # message as the network might (Raft sends again; compaction ends it).
+                log.failure("raft: cannot send {kind} to node {peer}", kind=type(m).__name__,
+                            peer=m.to)
+                continue
+            peer.link.send_parts(RAFT, parts)
 
     def forward(self, to: int, data: bytes) -> Deferred:
         """Ask node ``to`` (the leader) to propose ``data``; fires with ``(index, term)``."""

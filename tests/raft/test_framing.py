@@ -320,3 +320,22 @@ def test_a_tls_wrapper_over_a_tcp_connection_is_never_written_to_directly():
     assert not plain_tcp(wrapper)
     a.close()
     b.close()
+
+
+def test_a_message_whose_stored_entry_fails_its_check_is_dropped_not_raised():
+    """An applied entry read back from the Raft log for a follower (``Stored``) that fails
+    its CRC check costs that one message, as a lost packet would; later messages still go."""
+    from kmqkafka.raft.messages import Stored
+    from kmqkafka.raft.storage import CorruptLog
+
+    def damaged(at: int, size: int) -> bytes:
+        raise CorruptLog("the entry record is gone or damaged")
+
+    t = RaftTransport(1, PEERS[1], PEERS, MemoryReactorClock(), random.Random(0), run_io=None)
+    sent: list = []
+    t._peers[2].link = SimpleNamespace(send_parts=lambda kind, parts: sent.append(parts))
+    bad = Append(frm=1, to=2, term=3, prev_index=4, prev_term=3,
+                 entries=(Entry(5, 3, EntryKind.NORMAL, Stored(damaged, 0, 500)),), commit=5)
+    t.send([bad, Heartbeat(frm=1, to=2, term=3, commit=5)])
+    assert [decode(b"".join(bytes(p) for p in parts)) for parts in sent] == [
+        Heartbeat(frm=1, to=2, term=3, commit=5)]
