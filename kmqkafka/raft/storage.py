@@ -174,7 +174,7 @@ class _Reader:
                 or _crc32c.crc32c(view[_REC.size:], self.seed) != crc):
             raise CorruptLog(f"raft log: the entry record at byte {at} of {self.name} is "
                              f"gone or damaged")
-        return view[_DATA_AT:]
+        return view[_DATA_AT:].toreadonly()  # as a follower's received entries are
 
     def __del__(self) -> None:
         if self.fd >= 0:
