@@ -19,9 +19,10 @@ Phases, each against a fresh 1-partition topic:
    runs leaks in): 1 KiB records, acks=all, at 1,000 msg/s for ``--latency-seconds`` with
    otherwise default client settings (as kafka_bench's e2e phase); ``produce()`` -> delivery
    report, p50/p99/max;
-2. produce throughput: 1 KiB records (``--record-bytes``), acks=all, ``kafka_bench.PRODUCER_TUNING`` (linger.ms=5,
-   batch.size=1000000, ...), ``--count`` records or ``--seconds``, whichever first; only acked
-   records count; repeated ``--repeats`` times, the median is the figure;
+2. produce throughput: 1 KiB records (``--record-bytes``), acks=all,
+   ``kafka_bench.PRODUCER_TUNING`` (linger.ms=5, batch.size=1000000, ...), ``--count`` records
+   or ``--seconds``, whichever first; only acked records count; repeated ``--repeats`` times,
+   the median is the figure;
 3. broker CPU over each phase (user+system of every broker process, all threads, % of a core),
    and the bytes the data root's disk wrote during each produce run, per acknowledged byte.
 
