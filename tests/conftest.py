@@ -27,6 +27,16 @@ TWISTD = Path(sys.executable).parent / "twistd"
 _OWN_PREFIXES = ("CONNECTORS_KAFKA_", "KMQKAFKA_")
 
 
+def peak_rss_kb(pid: int) -> int:
+    """A process's resident-set high-water mark as the kernel keeps it (VmHWM), in kB: it
+    catches peaks that sampling the RSS would miss."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for process {pid}")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -451,7 +451,8 @@ class DiskStorage:
         if sync:
             os.fdatasync(self._fd)
 
-    def _keep_on_disk(self, written: Any, at: list[int], f: _File) -> None:
+    def _keep_on_disk(self, written: list[Entry] | tuple[Entry, ...], at: list[int],
+                      f: _File) -> None:
         """Hold the entries just written as ``Stored`` references to ``f``, not their bytes."""
         read = f.open_reader().read
         base = written[0].index - self._start

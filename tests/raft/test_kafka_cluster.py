@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.conftest import _wait_healthy, free_port, http_get, start_broker
+from tests.conftest import _wait_healthy, free_port, http_get, peak_rss_kb, start_broker
 from tests.raft.test_cluster import wait_leader
 from tests.rawkafka import RawClient
 
@@ -686,15 +686,6 @@ def test_a_follower_fetch_past_its_applied_end_waits_for_the_apply(cluster: Clus
     assert time.monotonic() - started >= 0.25
 
 
-def peak_rss_mb(pid: int) -> float:
-    """The process's resident-set high-water mark (VmHWM), in MB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024 / 1e6
-    raise AssertionError("no VmHWM")
-
-
 def test_nodes_hold_only_unapplied_raft_entries_in_memory(cluster: Cluster):
     """300 MB through the cluster: no node's memory grows with it. Each used to keep every
     entry since its last snapshot (a compaction every 256 MiB), about 300 MB more each."""
@@ -715,5 +706,5 @@ def test_nodes_hold_only_unapplied_raft_entries_in_memory(cluster: Cluster):
                 p.poll(0.05)
     assert p.flush(60) == 0
     assert not failed, failed[:3]
-    peaks = {i: peak_rss_mb(b.proc.pid) for i, b in cluster.live().items()}
+    peaks = {i: peak_rss_kb(b.proc.pid) * 1024 / 1e6 for i, b in cluster.live().items()}
     assert max(peaks.values()) < 240, peaks
