@@ -119,6 +119,10 @@ SETTINGS: tuple[Setting, ...] = (
             "bind_host", "host", "0.0.0.0", "interface the Kafka listeners bind"),
     Setting("data_dir", "KMQKAFKA_DATA_DIR", "data-dir", "server", "data_dir", "path",
             "./kmq-data", "directory of the channel store"),
+    Setting("page_cache_bytes", "KMQKAFKA_PAGE_CACHE_BYTES", "page-cache-bytes", "server",
+            "page_cache_bytes", "size", 64 << 20,
+            "bytes of the newest durable segment data kept in the OS page cache; older data "
+            "is dropped from it so new writes reuse its pages (0 = leave it to the kernel)"),
     Setting("http_port", "KMQKAFKA_HTTP_PORT", "http-port", "server", "http_port", "port", 8080,
             "port of /metrics and /health"),
     Setting("http_host", "KMQKAFKA_HTTP_HOST", "http-host", "server", "http_host", "host",
@@ -258,6 +262,7 @@ class Settings:
     kafka_auto_create_topics: bool = True
     kafka_bind_host: str = "0.0.0.0"
     data_dir: Path = Path("./kmq-data")
+    page_cache_bytes: int = 64 << 20
     http_port: int = 8080
     http_host: str = "0.0.0.0"
     tls_cert: Path | None = None

@@ -77,6 +77,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
         factory = raft_proposer_factory(settings, reactor)
         store = ChannelStore(
             settings.data_dir, reactor, registry=registry, proposer_factory=factory,
+            page_cache_bytes=settings.page_cache_bytes,
             retention_interval_s=settings.kafka_log_retention_check_interval_ms / 1000,
             compaction_interval_s=settings.kafka_log_cleaner_backoff_ms / 1000)
         from kmqkafka.raft.metrics import RaftCollector

@@ -37,6 +37,42 @@ def peak_rss_kb(pid: int) -> int:
     raise AssertionError(f"no VmHWM for process {pid}")
 
 
+def resident_bytes(path: Path, start: int = 0, end: int | None = None) -> int:
+    """How many bytes of [start, end) of ``path`` sit in the page cache (whole pages), as
+    the kernel reports it (mincore on a private mapping of the file, which copies nothing)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    end = size if end is None else min(end, size)
+    if end <= start:
+        return 0
+    page = mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        try:
+            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
+            addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+            if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+            return sum(vec[i] & 1 for i in range(start // page, (end + page - 1) // page)) * page
+        finally:
+            del addr
+            mm.close()
+
+
+def on_tmpfs(path: Path) -> bool:
+    """Whether ``path`` lies on tmpfs, whose pages are memory: the kernel never drops them."""
+    best, kind = "", ""
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _dev, mnt, fstype = line.split()[:3]
+            if str(path).startswith(mnt) and len(mnt) > len(best):
+                best, kind = mnt, fstype
+    return kind == "tmpfs"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -37,6 +37,7 @@ from kmqkafka.store import fsutil
 from kmqkafka.store.compaction import CompactionPlan, CompactionResult, SegmentSource
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore, OffsetOutOfRange
+from kmqkafka.store.pagecache import PageCacheBudget
 from kmqkafka.store.producer_state import BatchMetadata, ProducerState, last_seq_of
 from kmqkafka.store.segment import (
     BATCH_SPAN,
@@ -83,7 +84,7 @@ class FlushToken:
     """
 
     __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done",
-                 "abandoned")
+                 "abandoned", "ranges")
 
     def __init__(self, serial: int, covers: int, fds: list[int], index_jobs: list, sync_dir: bool,
                  directory: Path) -> None:
@@ -97,6 +98,7 @@ class FlushToken:
         # The log was closed (its channel deleted) while this may run: its fds and files may
         # be gone under it, and nothing it covers needs to be durable any more.
         self.abandoned = False
+        self.ranges: list[tuple[Segment, int, int]] = []  # what it makes durable (page cache)
 
     def run(self) -> None:
         """fdatasync the data, make rolled segments' indexes durable, fsync the directory.
@@ -156,6 +158,9 @@ class ChannelLog:
         self._tokens: deque[FlushToken] = deque()
         self._serial = 0
         self.truncated_bytes = 0  # bytes cut off by the last recovery (torn tails)
+        # The node's page-cache budget (pagecache.py); None leaves the page cache to the kernel.
+        self.page_cache: PageCacheBudget | None = None
+        self._closed = False
 
     # --- properties ------------------------------------------------------------------
 
@@ -210,7 +215,8 @@ class ChannelLog:
 
     @classmethod
     def open(cls, directory: Path, config: LogConfig, now_ms: int, *,
-             producer_window: int = 0, sync: bool = True) -> "ChannelLog":
+             producer_window: int = 0, sync: bool = True,
+             page_cache: PageCacheBudget | None = None) -> "ChannelLog":
         """Open (creating if needed) and recover a channel directory; blocking, start-up only.
 
         Recovery scans every segment that has no trustworthy index (always the last)
@@ -223,10 +229,16 @@ class ChannelLog:
 
         ``sync=False`` (a channel just created, whose files the state machine's next flush
         makes durable): nothing is fsynced here.
+
+        With a ``page_cache`` budget, what the log held before counts as cold: reading it
+        drops it from the page cache again.
         """
         directory.mkdir(parents=True, exist_ok=True)
         log = cls(directory, config, producer_window)
         log._recover(now_ms, sync)
+        log.page_cache = page_cache
+        for seg in log._segments:
+            seg.budgeted = seg.cold_below = seg.size
         if log.producers is not None:
             log._rebuild_producers()
         return log
@@ -472,6 +484,11 @@ class ChannelLog:
         for fd in fds:
             self._fd_refs[fd] = self._fd_refs.get(fd, 0) + 1
         token = FlushToken(self._serial, self._next, fds, self._index_jobs, self._sync_dir, self._dir)
+        if self.page_cache is not None:
+            for seg in [s for s, _files in self._index_jobs] + [self._active]:
+                if seg.size > seg.budgeted:
+                    token.ranges.append((seg, seg.budgeted, seg.size))
+                    seg.budgeted = seg.size
         self._dirty_fds = {}
         self._index_jobs = []
         self._sync_dir = False
@@ -491,6 +508,9 @@ class ChannelLog:
         while self._tokens and self._tokens[0].done:
             done = self._tokens.popleft()
             self._durable = max(self._durable, done.covers)
+            if self.page_cache is not None:
+                for seg, start, end in done.ranges:
+                    self.page_cache.durable(self, seg, start, end)
             for seg, files in done.index_jobs:
                 for fd, _part, _final in files:
                     os.close(fd)
@@ -507,6 +527,21 @@ class ChannelLog:
     def _is_live(self, seg: Segment) -> bool:
         i = bisect.bisect_left(self._bases, seg.base)
         return i < len(self._segments) and self._segments[i] is seg
+
+    def holds(self, seg: Segment) -> bool:
+        """Whether ``seg`` is still one of this open log's segments (its file unchanged)."""
+        return not self._closed and self._is_live(seg)
+
+    def _pread(self, seg: Segment, n: int, pos: int, index: int) -> bytes:
+        """``seg.pread`` for the read path; ``seg`` is ``self._segments[index]``. With a
+        page-cache budget, the cold data the reader has passed is dropped first: behind
+        ``pos``, and all of the previous segment once a read starts at this one's head."""
+        budget = self.page_cache
+        if budget is not None:
+            budget.after_read(seg, pos)
+            if pos == 0 and index > 0:
+                budget.passed(self._segments[index - 1])
+        return seg.pread(n, pos)
 
     # --- read --------------------------------------------------------------------------
 
@@ -540,7 +575,7 @@ class ChannelLog:
             if pos >= limit:
                 continue
             want = min(limit - pos, max(max_bytes - nbytes + slack, _READ_FLOOR))
-            view = memoryview(seg.pread(want, pos))
+            view = memoryview(self._pread(seg, want, pos, i - 1))
             off = 0
             slack = 0
             while True:
@@ -549,7 +584,7 @@ class ChannelLog:
                         break  # next segment
                     pos += off
                     want = min(limit - pos, max(max_bytes - nbytes, _READ_FLOOR))
-                    view = memoryview(seg.pread(want, pos))
+                    view = memoryview(self._pread(seg, want, pos, i - 1))
                     off = 0
                     continue
                 base_offset, length, delta = unpack(view, off)
@@ -567,7 +602,7 @@ class ChannelLog:
                 if off + size > len(view):
                     pos += off
                     want = min(limit - pos, max(max_bytes - nbytes, size))
-                    view = memoryview(seg.pread(want, pos))
+                    view = memoryview(self._pread(seg, want, pos, i - 1))
                     off = 0
                     continue
                 out.append(view[off : off + size])
@@ -790,6 +825,7 @@ class ChannelLog:
             seg.max_timestamp = cleaned.max_timestamp
             seg.max_timestamp_rel = cleaned.max_timestamp_rel
             seg.generation += 1
+            seg.budgeted = seg.cold_below = seg.size  # old data: reads drop what they read
             seg.map_indexes()
             installed += 1
         if installed:
@@ -809,6 +845,7 @@ class ChannelLog:
         if token is not None:
             token.run()
             self.complete_flush(token)
+        self._closed = True  # the page-cache budget skips its ranges from now on
         for token in list(self._tokens):
             for _seg, files in token.index_jobs:
                 for fd, _part, _final in files:

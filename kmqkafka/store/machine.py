@@ -44,6 +44,7 @@ from kmqkafka.store.fsutil import fsync_dir, write_atomic
 from kmqkafka.store.keyed import RESERVED_FAMILIES, KeyedLog
 from kmqkafka.store.log import ChannelLog
 from kmqkafka.store.names import check_channel_name, dir_name, from_dir_name, is_shortened
+from kmqkafka.store.pagecache import PageCacheBudget
 from kmqkafka.store.producer_state import WINDOW as PRODUCER_WINDOW
 from kmqkafka.store.queue import QueueChannel
 
@@ -91,8 +92,10 @@ class StateMachine:
         on_advance: Callable[[str], None] | None = None,
         dead_letter: Callable[[str, Any], None] | None = None,
         replicated: bool = False,
+        page_cache: PageCacheBudget | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.page_cache = page_cache
         self.replicated = replicated
         self.journal: checkpoint.CheckpointJournal | None = None
         self._touched: set[str] = set()
@@ -206,7 +209,8 @@ class StateMachine:
             )
         else:
             self.channels[name] = ChannelLog.open(path, config, now_ms,
-                                                  producer_window=PRODUCER_WINDOW, sync=sync)
+                                                  producer_window=PRODUCER_WINDOW, sync=sync,
+                                                  page_cache=self.page_cache)
 
     def _dead_letter_hook(self, name: str) -> Callable[[Any], None] | None:
         if self._dead_letter is None:

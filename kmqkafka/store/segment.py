@@ -184,7 +184,7 @@ class Segment:
     __slots__ = (
         "directory", "base", "end", "size", "max_timestamp", "max_timestamp_rel",
         "builder", "offsets", "times", "write_fd", "read_fd", "first_append_ms",
-        "first_batch_ts", "generation",
+        "first_batch_ts", "generation", "budgeted", "cold_below",
     )
 
     def __init__(self, directory: Path, base: int) -> None:
@@ -204,6 +204,10 @@ class Segment:
         # unknown (a closed segment after a restart) or the batch had no timestamp
         self.first_batch_ts: int | None = None
         self.generation = 0
+        # Page-cache bookkeeping (pagecache.py): bytes below ``budgeted`` were handed to the
+        # budget as durable; below ``cold_below`` the cache was dropped (or predates us).
+        self.budgeted = 0
+        self.cold_below = 0
 
     def path(self, suffix: str = LOG_SUFFIX) -> Path:
         return self.directory / segment_name(self.base, suffix)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from twisted.internet import threads
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.internet.task import LoopingCall
@@ -32,6 +32,7 @@ from kmqkafka.store import commands as c
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.machine import AppendResult, StateMachine
 from kmqkafka.store.names import check_channel_name, check_client_channel, partition_of
+from kmqkafka.store.pagecache import PageCacheBudget
 from kmqkafka.store.proposer import LocalProposer
 from kmqkafka.store.waiters import Waiters
 
@@ -84,10 +85,13 @@ class ChannelStore:
         compaction_interval_s: float = 15.0,  # Kafka's log.cleaner.backoff.ms
         queue_expiry_interval_s: float = 0.5,
         proposer_factory: Callable[[StateMachine, Any, Callable[..., Deferred]], Any] | None = None,
+        page_cache_bytes: int = 0,
     ) -> None:
         """``proposer_factory(machine, reactor, run_io)`` builds a replicated proposer (Raft,
         see ``kmqkafka.raft.proposer``); the machine then keeps its applied-index checkpoint.
-        Without it, the ``LocalProposer`` orders commands (unit tests, tools)."""
+        Without it, the ``LocalProposer`` orders commands (unit tests, tools).
+        ``page_cache_bytes`` > 0 bounds the page cache of Events channels' segment data
+        (``pagecache.py``); 0 leaves it to the kernel."""
         self.data_dir = Path(data_dir)
         self._reactor = reactor
         self._threaded = threaded_io
@@ -96,6 +100,7 @@ class ChannelStore:
         self.machine = StateMachine(
             self.data_dir, default_config=default_config, on_advance=self._advanced,
             replicated=proposer_factory is not None,
+            page_cache=PageCacheBudget(page_cache_bytes) if page_cache_bytes > 0 else None,
         )
         self.waiters = Waiters(reactor, self._durable_end)
         self._proposer: Any = (
@@ -527,3 +532,12 @@ class _StoreCollector:
         yield size
         yield end
         yield start
+        budget = self._store.machine.page_cache
+        if budget is not None:
+            yield CounterMetricFamily(
+                "kmqkafka_page_cache_dropped_bytes",
+                "Durable segment bytes dropped from the OS page cache (KMQKAFKA_PAGE_CACHE_BYTES)",
+                value=budget.dropped)
+            yield GaugeMetricFamily(
+                "kmqkafka_page_cache_held_bytes",
+                "Newest durable segment bytes kept in the OS page cache", value=budget.held)

@@ -1,0 +1,153 @@
+"""The page-cache budget: durable segment data past the limit leaves the page cache, recent
+and unsynced data stays, reads of old data drop what the reader passed, and what is read is
+unchanged. Residency is the kernel's own answer (mincore on a mapping of the file)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+from conftest import on_tmpfs
+from conftest import resident_bytes as resident
+
+from kmqkafka import records
+from kmqkafka.store.config import LogConfig
+from kmqkafka.store.log import ChannelLog
+from kmqkafka.store.pagecache import PageCacheBudget
+
+from . import all_records, flush, make_batch
+
+PAGE = mmap.PAGESIZE
+KIB = 1024
+CONFIG = LogConfig(segment_bytes=1 << 20, index_interval_bytes=4096)
+
+
+@pytest.fixture
+def disk_dir(tmp_path: Path) -> Path:
+    if on_tmpfs(tmp_path):
+        pytest.skip("the temp dir is on tmpfs, whose pages are memory and never dropped")
+    return tmp_path
+
+
+def fill(log: ChannelLog, batches: int, value_bytes: int = 60 * KIB, flush_each: bool = True,
+         ts: int = 1_000) -> list[bytes]:
+    """Append ``batches`` one-record batches; return their values."""
+    values = []
+    for i in range(batches):
+        value = bytes([i % 251]) * value_bytes
+        log.append(make_batch(1, value=value, ts=ts), ts)
+        values.append(value + b"0")
+        if flush_each:
+            flush(log)
+    return values
+
+
+def segments(log: ChannelLog) -> list[Path]:
+    return sorted(log.directory.glob("*.log"))
+
+
+def test_durable_data_past_the_limit_leaves_the_page_cache(disk_dir: Path) -> None:
+    budget = PageCacheBudget(256 * KIB)
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0, page_cache=budget)
+    try:
+        fill(log, 40)  # ~2.4 MiB: three segments
+        files = segments(log)
+        assert len(files) >= 3
+        first = files[0]
+        assert resident(first) <= 2 * PAGE, "an old segment stayed in the page cache"
+        newest = files[-1]
+        assert budget.limit - 64 * KIB < budget.held <= budget.limit
+        assert resident(newest) >= budget.held - 2 * PAGE  # the newest data stays
+        assert budget.dropped >= 2 * CONFIG.segment_bytes - 256 * KIB - 128 * KIB
+    finally:
+        log.close()
+
+
+def test_without_a_budget_the_kernel_keeps_everything(disk_dir: Path) -> None:
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0)
+    try:
+        fill(log, 40)
+        first = segments(log)[0]
+        assert resident(first) >= first.stat().st_size - PAGE
+    finally:
+        log.close()
+
+
+def test_data_not_yet_synced_stays_cached(disk_dir: Path) -> None:
+    budget = PageCacheBudget(64 * KIB)
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0, page_cache=budget)
+    try:
+        fill(log, 12, flush_each=False)  # ~720 KiB, one segment, never flushed
+        seg = segments(log)[0]
+        assert budget.held == 0 and budget.dropped == 0
+        assert resident(seg) >= seg.stat().st_size - PAGE
+        flush(log)
+        assert resident(seg) <= 64 * KIB + 2 * PAGE
+    finally:
+        log.close()
+
+
+def test_reads_return_the_stored_records_and_drop_what_the_reader_passed(
+        disk_dir: Path) -> None:
+    budget = PageCacheBudget(128 * KIB, trail=512 * KIB, margin=128 * KIB)
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0, page_cache=budget)
+    try:
+        values = fill(log, 60)  # ~3.6 MiB: four segments
+        # Bring everything back into the page cache (another reader, say).
+        for path in segments(log):
+            with open(path, "rb") as f:
+                f.read()
+        assert resident(segments(log)[0]) >= segments(log)[0].stat().st_size - PAGE
+        seq, got = log.log_start, []
+        while seq < log.next_sequence:  # a consumer fetching 64 KiB at a time
+            result = log.read(seq, 64 * KIB)
+            for batch in result.batches:
+                records.validate_batch(batch)
+                got.extend(r.value for r in records.iter_records(batch))
+                seq = records.read_header(batch).base_offset + 1 + \
+                    records.read_header(batch).last_offset_delta + 1
+        assert got == values
+        files = segments(log)
+        for path in files[:-2]:  # passed segments: the reader dropped them behind itself
+            assert resident(path) <= 2 * PAGE, f"{path.name} stayed cached after the read"
+    finally:
+        log.close()
+
+
+def test_a_reopened_log_counts_its_data_as_cold(disk_dir: Path) -> None:
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0)
+    values = fill(log, 30)
+    log.close()
+    budget = PageCacheBudget(1 << 30, trail=512 * KIB, margin=64 * KIB)
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0, page_cache=budget)
+    try:
+        assert [r.value for r in all_records(log)] == values
+        first = segments(log)[0]
+        seq = log.log_start
+        while seq < log.next_sequence:
+            batches = log.read(seq, 32 * KIB).batches
+            last = records.read_header(batches[-1])
+            seq = last.base_offset + 1 + last.last_offset_delta + 1
+        assert resident(first) <= 2 * PAGE
+    finally:
+        log.close()
+
+
+def test_ranges_of_deleted_logs_and_expired_segments_are_skipped(disk_dir: Path) -> None:
+    budget = PageCacheBudget(128 * KIB)
+    gone = ChannelLog.open(disk_dir / "gone", CONFIG, 0, page_cache=budget)
+    fill(gone, 4)
+    gone.delete()
+    kept = ChannelLog.open(disk_dir / "kept", CONFIG, 0, page_cache=budget)
+    try:
+        fill(kept, 30)
+        kept.truncate_prefix(kept.next_sequence - 2)  # whole segments go
+        fill(kept, 10)
+        assert budget.held <= budget.limit
+        assert [len(r.value) for r in all_records(kept)][-10:] == [60 * KIB + 1] * 10
+    finally:
+        kept.close()
+    assert not (disk_dir / "gone").exists()
+    assert os.path.isdir(disk_dir / "kept")
