@@ -43,6 +43,7 @@ DEFAULT_LIMIT = 64 << 20
 # records fell from 700k to 200k msg/s).
 REREAD_MARGIN = 4 << 20
 TRAIL = 32 << 20
+CHUNK = 1 << 20  # largest merged range (or a 16th of the limit): see PageCacheBudget._ranges
 
 
 def drop(seg: "Segment", start: int, end: int) -> None:
@@ -76,18 +77,33 @@ class PageCacheBudget:
             raise ValueError("limit must be positive (no budget: pass None to the logs)")
         self.limit = limit
         self.trail, self.margin = trail, margin
+        self.chunk = min(CHUNK, max(limit // 16, 1))
         self.held = 0
         self.dropped = 0  # bytes dropped from the page cache so far
-        self._ranges: deque[tuple[Any, "Segment", int, int]] = deque()
+        # [log, segment, start, end] in the order they became durable; a segment's newest
+        # range grows while it is under ``chunk`` and the next one continues it, so a
+        # partition that flushes a few hundred bytes at a time does not cost an entry per
+        # flush (a 64 MiB budget of 100-byte flushes would otherwise hold 670k entries).
+        self._ranges: deque[list[Any]] = deque()
+        self._newest: dict["Segment", list[Any]] = {}
 
     def durable(self, log: Any, seg: "Segment", start: int, end: int) -> None:
         """[start, end) of ``seg`` (a segment of ``log``) was just made durable."""
         if end <= start:
             return
-        self._ranges.append((log, seg, start, end))
+        entry = self._newest.get(seg)
+        if entry is not None and entry[3] == start and entry[3] - entry[2] < self.chunk:
+            entry[3] = end
+        else:
+            entry = [log, seg, start, end]
+            self._ranges.append(entry)
+            self._newest[seg] = entry
         self.held += end - start
         while self.held > self.limit:
-            owner, old, a, b = self._ranges.popleft()
+            entry = self._ranges.popleft()
+            owner, old, a, b = entry
+            if self._newest.get(old) is entry:
+                del self._newest[old]
             self.held -= b - a
             if owner.holds(old):  # else closed, deleted or retention took it: nothing cached
                 drop(old, a, b)

@@ -151,3 +151,20 @@ def test_ranges_of_deleted_logs_and_expired_segments_are_skipped(disk_dir: Path)
         kept.close()
     assert not (disk_dir / "gone").exists()
     assert os.path.isdir(disk_dir / "kept")
+
+
+def test_small_flushes_share_one_entry_per_segment(disk_dir: Path) -> None:
+    """A partition flushing a few hundred bytes at a time keeps the budget's bookkeeping
+    small: its contiguous ranges merge (up to a MiB each)."""
+    budget = PageCacheBudget(64 << 20)
+    logs = [ChannelLog.open(disk_dir / f"ch{i}", CONFIG, 0, page_cache=budget) for i in range(3)]
+    try:
+        for _ in range(500):
+            for log in logs:
+                log.append(make_batch(1, value=b"x" * 200), 1_000)
+                flush(log)
+        assert budget.held == sum(log.size_bytes for log in logs)
+        assert len(budget._ranges) == 3
+    finally:
+        for log in logs:
+            log.close()
