@@ -15,8 +15,9 @@ in the order their flushes completed. While it holds more than ``limit`` bytes t
 range is dropped and its segment's ``cold_below`` moves past it; tail readers (consumers
 within ``limit`` bytes of the node's newest writes) keep reading from memory. A read below
 ``cold_below`` (a lagging consumer, data from before a restart) drops the cold data its
-reader has passed, so a scan of old data does not refill the page cache either. Only clean pages can be dropped,
-which is why a range enters the FIFO only once its flush (fdatasync) has completed.
+reader has passed, so a scan of old data does not refill the page cache either. Only clean
+pages can be dropped, which is why a range enters the FIFO only once its flush (fdatasync)
+has completed.
 
 Used on the reactor thread only, like the logs it serves.
 """
