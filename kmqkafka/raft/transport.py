@@ -55,6 +55,8 @@ from kmqkafka.net import recvinto
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
 from kmqkafka.raft.storage import CorruptLog
+from kmqkafka.store.fsutil import fsync_dir, sync_tree
+from kmqkafka.store.pagecache import drop_tree
 from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
                                     encode_parts)
 
@@ -445,6 +447,7 @@ class RaftTransport:
             fd, name = tempfile.mkstemp(prefix="snapshot-", suffix=".tar", dir=path.parent)
             with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
                 tar.add(path, arcname=".")
+            drop_tree(path)  # tar read every segment: cold data, keep it out of the cache
             return name
 
         def send(name: str) -> Deferred:
@@ -532,10 +535,15 @@ class _Fetch:
             shutil.rmtree(part, ignore_errors=True)
             with tarfile.open(self.tmp, "r") as tar:
                 tar.extractall(part, filter="data")
+            # Installed, these files are the node's segments, which its checkpoint then
+            # counts as durable: tar wrote them without fsync.
+            sync_tree(part)
+            drop_tree(part)
             os.unlink(self.tmp)
             if final.exists():
                 shutil.rmtree(final)
             os.replace(part, final)
+            fsync_dir(final.parent)
 
         d = self.owner._run_io(unpack)
         d.addCallbacks(lambda _: self._done(None), lambda f: self._done(f))

@@ -28,3 +28,19 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(part, path)
     fsync_dir(path.parent)
+
+
+def sync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (files first, then their directories,
+    deepest first), for a tree written without fsync, e.g. by tarfile."""
+    for dirpath, _dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))

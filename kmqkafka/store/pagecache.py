@@ -27,6 +27,7 @@ from __future__ import annotations
 import mmap
 import os
 from collections import deque
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -67,6 +68,28 @@ def drop(seg: "Segment", start: int, end: int) -> None:
         os.posix_fadvise(fd, start, end - start, _DONTNEED)
     finally:
         os.close(fd)
+
+
+def drop_tree(root: Path) -> None:
+    """Drop the clean cached pages of every file under ``root``: a snapshot tree just packed
+    for a follower (hard links to the node's segments, read once by tar) or just installed
+    from one (fsynced first: dirty pages cannot be dropped). Both are cold data."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                drop_file(fd)
+            finally:
+                os.close(fd)
+
+
+def drop_file(fd: int) -> None:
+    """Drop the clean cached pages of the whole file open as ``fd``."""
+    if _DONTNEED is not None:
+        os.posix_fadvise(fd, 0, 0, _DONTNEED)
 
 
 class PageCacheBudget:

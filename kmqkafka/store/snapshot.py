@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from kmqkafka.store.fsutil import fsync_dir, write_atomic
+from kmqkafka.store.pagecache import drop_file, drop_tree
 
 META = "snapshot.json"
 TREES = ("channels", "coordinator")
@@ -77,6 +78,7 @@ def _copy_prefix(src: Path, dest: Path, size: int) -> None:
             remaining -= len(chunk)
         fout.flush()
         os.fsync(fout.fileno())
+        drop_file(fout.fileno())  # a snapshot's copy, or an installed log's old data: cold
 
 
 def last_applied(snapshot: Path) -> int:
@@ -106,3 +108,4 @@ def install(snapshot: Path, data_dir: Path) -> None:
         os.replace(staged, current)
         fsync_dir(data_dir)
         shutil.rmtree(aside, ignore_errors=True)
+    drop_tree(snapshot)  # read by the copy above; its closed segments are the new ones

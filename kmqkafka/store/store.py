@@ -536,7 +536,9 @@ class _StoreCollector:
         if budget is not None:
             yield CounterMetricFamily(
                 "kmqkafka_page_cache_dropped_bytes",
-                "Durable segment bytes dropped from the OS page cache (KMQKAFKA_PAGE_CACHE_BYTES)",
+                "Durable segment bytes the page-cache budget (KMQKAFKA_PAGE_CACHE_BYTES) dropped "
+                "from the OS page cache as newer writes pushed them out (not what readers of "
+                "old data drop behind them)",
                 value=budget.dropped)
             yield GaugeMetricFamily(
                 "kmqkafka_page_cache_held_bytes",

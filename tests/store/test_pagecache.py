@@ -15,7 +15,8 @@ from conftest import resident_bytes as resident
 from kmqkafka import records
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.log import ChannelLog
-from kmqkafka.store.pagecache import PageCacheBudget
+from kmqkafka.store.fsutil import sync_tree
+from kmqkafka.store.pagecache import PageCacheBudget, drop_tree
 
 from . import all_records, flush, make_batch
 
@@ -168,3 +169,21 @@ def test_small_flushes_share_one_entry_per_segment(disk_dir: Path) -> None:
     finally:
         for log in logs:
             log.close()
+
+
+def test_a_snapshot_tree_written_without_fsync_is_synced_then_dropped(disk_dir: Path) -> None:
+    """What a follower does with a snapshot tar it unpacked: fsync every file (its checkpoint
+    will count them as durable), then drop them from the page cache (dirty pages could not
+    be dropped: nothing stays cached only if the sync happened)."""
+    root = disk_dir / "snap.part"
+    files = []
+    for i in range(3):
+        d = root / "channels" / f"kafka.t~{i}"
+        d.mkdir(parents=True)
+        path = d / "00000000000000000001.log"
+        path.write_bytes(os.urandom(512 * KIB))
+        files.append(path)
+    assert all(resident(p) > 0 for p in files)
+    sync_tree(root)
+    drop_tree(root)
+    assert [resident(p) for p in files] == [0, 0, 0]
