@@ -12,7 +12,7 @@ data back is the same story (311 MB/s keeping it, 1,278 MB/s dropping it after t
 
 ``PageCacheBudget`` is one FIFO per node of durable ranges ``(log, segment, start, end)``,
 in the order their flushes completed. While it holds more than ``limit`` bytes the oldest
-range is dropped and its segment's ``cold_below`` moves past it; tail readers (consumers
+range (or its older part) is dropped and its segment's ``cold_below`` moves past it; tail readers (consumers
 within ``limit`` bytes of the node's newest writes) keep reading from memory. A read below
 ``cold_below`` (a lagging consumer, data from before a restart) drops the cold data its
 reader has passed, so a scan of old data does not refill the page cache either. Only clean
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
 _PAGE = mmap.PAGESIZE
+_OVERLAP = 2 << 20  # the largest folio the page cache uses (a PMD: 2 MiB on x86-64)
 
 DEFAULT_LIMIT = 64 << 20
 # A cold read drops what lies between TRAIL and REREAD_MARGIN bytes behind where it starts:
@@ -51,9 +52,11 @@ CHUNK = 1 << 20  # largest merged range (or a 16th of the limit): see PageCacheB
 def drop(seg: "Segment", start: int, end: int) -> None:
     """Ask the kernel to drop the clean cached pages of ``seg``'s file in [start, end).
 
-    The kernel drops only whole pages inside the range; ``start`` is taken down to its page,
-    whose head belongs to older data, so that consecutive ranges leave no page behind."""
-    start -= start % _PAGE
+    The kernel drops only whole folios inside the range (a page, or up to 2 MiB where it
+    caches a file in large folios), so a folio across the boundary of two consecutive ranges
+    would be inside neither: the range is taken back ``_OVERLAP`` bytes, into older data
+    that was dropped before."""
+    start = max(start - start % _PAGE - _OVERLAP, 0)
     if _DONTNEED is None or end <= start:
         return
     fd = seg.read_fd if seg.read_fd is not None else seg.write_fd
@@ -124,16 +127,21 @@ class PageCacheBudget:
             self._newest[seg] = entry
         self.held += end - start
         while self.held > self.limit:
-            entry = self._ranges.popleft()
+            entry = self._ranges[0]
             owner, old, a, b = entry
-            if self._newest.get(old) is entry:
-                del self._newest[old]
-            self.held -= b - a
+            cut = min(b, a + self.held - self.limit)  # the oldest range, or its older part
+            if cut == b:
+                self._ranges.popleft()
+                if self._newest.get(old) is entry:
+                    del self._newest[old]
+            else:
+                entry[2] = cut
+            self.held -= cut - a
             if owner.holds(old):  # else closed, deleted or retention took it: nothing cached
-                drop(old, a, b)
-                self.dropped += b - a
-            if b > old.cold_below:
-                old.cold_below = b
+                drop(old, a, cut)
+                self.dropped += cut - a
+            if cut > old.cold_below:
+                old.cold_below = cut
 
     def passed(self, seg: "Segment") -> None:
         """A reader moved on from ``seg`` to the next segment: drop its cold tail."""

@@ -187,3 +187,18 @@ def test_a_snapshot_tree_written_without_fsync_is_synced_then_dropped(disk_dir: 
     sync_tree(root)
     drop_tree(root)
     assert [resident(p) for p in files] == [0, 0, 0]
+
+
+def test_a_flush_larger_than_the_limit_keeps_its_newest_limit_bytes(disk_dir: Path) -> None:
+    budget = PageCacheBudget(64 * KIB)
+    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0, page_cache=budget)
+    try:
+        fill(log, 5, flush_each=False)  # ~300 KiB in one flush
+        flush(log)
+        seg = segments(log)[0]
+        size = seg.stat().st_size
+        assert budget.held == 64 * KIB
+        assert resident(seg, 0, size - 128 * KIB) == 0  # (a folio may straddle the cut)
+        assert resident(seg, size - 64 * KIB + PAGE, size) >= 64 * KIB - 3 * PAGE
+    finally:
+        log.close()
