@@ -19,6 +19,10 @@ reader has passed, so a scan of old data does not refill the page cache either. 
 pages can be dropped, which is why a range enters the FIFO only once its flush (fdatasync)
 has completed.
 
+The Raft log is not under the budget: its files are recycled (raft/storage.py), so its
+pages are overwritten in place rather than taken afresh, and dropping them would make every
+write into a recycled file read its last page back from the disk first.
+
 Used on the reactor thread only, like the logs it serves.
 """
 
