@@ -11,9 +11,10 @@ its throughput halved once the free pages still backed by the host ran out. Read
 data back is the same story (311 MB/s keeping it, 1,278 MB/s dropping it after the read).
 
 ``PageCacheBudget`` is one FIFO per node of durable ranges ``(log, segment, start, end)``,
-in the order their flushes completed. While it holds more than ``limit`` bytes the oldest
-range (or its older part) is dropped and its segment's ``cold_below`` moves past it; tail readers (consumers
-within ``limit`` bytes of the node's newest writes) keep reading from memory. A read below
+in the order their flushes completed. Once it holds more than ``limit`` bytes (plus a small
+``chunk``, so that drops come in steps) the oldest ranges, or their older parts, are dropped
+down to ``limit`` and their segments' ``cold_below`` moves past them; tail readers
+(consumers within ``limit`` bytes of the node's newest writes) keep reading from memory. A read below
 ``cold_below`` (a lagging consumer, data from before a restart) drops the cold data its
 reader has passed, so a scan of old data does not refill the page cache either. Only clean
 pages can be dropped, which is why a range enters the FIFO only once its flush (fdatasync)
@@ -130,6 +131,8 @@ class PageCacheBudget:
             self._ranges.append(entry)
             self._newest[seg] = entry
         self.held += end - start
+        if self.held <= self.limit + self.chunk:
+            return  # drops go in steps of at least a chunk, not a syscall per small flush
         while self.held > self.limit:
             entry = self._ranges[0]
             owner, old, a, b = entry

@@ -59,7 +59,7 @@ def test_durable_data_past_the_limit_leaves_the_page_cache(disk_dir: Path) -> No
         first = files[0]
         assert resident(first) <= 2 * PAGE, "an old segment stayed in the page cache"
         newest = files[-1]
-        assert budget.limit - 64 * KIB < budget.held <= budget.limit
+        assert budget.limit - 64 * KIB < budget.held <= budget.limit + budget.chunk
         assert resident(newest) >= budget.held - 2 * PAGE  # the newest data stays
         assert budget.dropped >= 2 * CONFIG.segment_bytes - 256 * KIB - 128 * KIB
     finally:
