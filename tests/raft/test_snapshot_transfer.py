@@ -10,19 +10,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import _wait_healthy, free_port, on_tmpfs, resident_bytes, start_broker
-from tests.raft.test_cluster import wait_leader
-from tests.raft.test_kafka_cluster import fetch_all, produce_confluent
+from tests.conftest import on_tmpfs, resident_bytes
+from tests.raft.test_kafka_cluster import Cluster, fetch_all, produce_confluent
 
 pytest.importorskip("confluent_kafka")
 
-IDS = (0, 1, 2)
 SMALL_COMPACTION = """
 import sys
 from kmqkafka.raft import proposer
@@ -38,22 +34,11 @@ run()
 
 
 def test_a_follower_behind_a_compaction_is_caught_up_by_a_snapshot(tmp_path: Path) -> None:
-    raft = {i: free_port() for i in IDS}
-    kafka = {i: free_port() for i in IDS}
-    peers = ",".join(f"{i}=127.0.0.1:{raft[i]}/127.0.0.1:{kafka[i]}" for i in IDS)
-    brokers: dict[int, Any] = {}
+    cluster = Cluster(tmp_path, prefix=(sys.executable, "-c", SMALL_COMPACTION))
     try:
-        for i in IDS:
-            d = tmp_path / f"n{i}"
-            d.mkdir()
-            brokers[i] = start_broker(d, env={
-                "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
-                "CONNECTORS_KAFKA_PORT": str(kafka[i]), "KMQKAFKA_RAFT_TICK_MS": "50"},
-                prefix=[sys.executable, "-c", SMALL_COMPACTION], wait=False)
-        for b in brokers.values():
-            _wait_healthy(b, 60)
-        leader = wait_leader(brokers)
-        victim = next(i for i in IDS if i != leader)
+        leader = cluster.leader()
+        victim = cluster.follower()
+        brokers = cluster.brokers
         topic = "behind"
         values = [b"%05d:" % i + os.urandom(2000) for i in range(3000)]
         boot = brokers[leader].bootstrap
@@ -63,15 +48,13 @@ def test_a_follower_behind_a_compaction_is_caught_up_by_a_snapshot(tmp_path: Pat
             chunk = values[start:start + 500]
             assert produce_confluent(boot, topic, chunk) == list(range(start, start + len(chunk)))
         brokers[victim].restart()
-        assert fetch_all(kafka[victim], topic, 3000) == list(enumerate(values))
+        assert fetch_all(cluster.kafka_ports[victim], topic, 3000) == list(enumerate(values))
         fetched = re.findall(r"fetching snapshot (\d+) from node", brokers[victim].log())
         assert fetched, "the follower was not caught up by a snapshot"
         if not on_tmpfs(tmp_path):  # synced before install, then dropped from the cache
             received = brokers[victim].data_dir / "raft" / "snapshots" / f"{int(fetched[-1]):020d}"
             files = list((received / "channels" / f"kafka.{topic}").glob("*.log"))
             assert files and sum(resident_bytes(p) for p in files) == 0
-        assert wait_leader(brokers) == leader
+        assert cluster.leader() == leader
     finally:
-        for b in brokers.values():
-            if b.proc.poll() is None:
-                b.kill()
+        cluster.stop()
