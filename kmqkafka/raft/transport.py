@@ -536,9 +536,9 @@ class _Fetch:
             with tarfile.open(self.tmp, "r") as tar:
                 tar.extractall(part, filter="data")
             # Installed, these files are the node's segments, which its checkpoint then
-            # counts as durable: tar wrote them without fsync.
+            # counts as durable: tar wrote them without fsync. (``snapshot.install`` drops
+            # them from the page cache once it has copied what it needs.)
             sync_tree(part)
-            drop_tree(part)
             os.unlink(self.tmp)
             if final.exists():
                 shutil.rmtree(final)

@@ -62,20 +62,16 @@ def drop(seg: "Segment", start: int, end: int) -> None:
     would be inside neither: the range is taken back ``_OVERLAP`` bytes, into older data
     that was dropped before."""
     start = max(start - start % _PAGE - _OVERLAP, 0)
-    if _DONTNEED is None or end <= start:
+    if end <= start:
         return
     fd = seg.read_fd if seg.read_fd is not None else seg.write_fd
-    try:
-        if fd is not None:
-            os.posix_fadvise(fd, start, end - start, _DONTNEED)
-            return
-        fd = os.open(seg.path(), os.O_RDONLY)
-    except OSError:  # the file went away (retention, compaction, a deleted topic)
+    if fd is None:
+        _drop_path(seg.path(), start, end - start)
         return
     try:
-        os.posix_fadvise(fd, start, end - start, _DONTNEED)
-    finally:
-        os.close(fd)
+        _advise(fd, start, end - start)
+    except OSError:
+        pass
 
 
 def drop_tree(root: Path) -> None:
@@ -84,20 +80,28 @@ def drop_tree(root: Path) -> None:
     from one (fsynced first: dirty pages cannot be dropped). Both are cold data."""
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
-            try:
-                fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                drop_file(fd)
-            finally:
-                os.close(fd)
+            _drop_path(os.path.join(dirpath, name), 0, 0)
 
 
 def drop_file(fd: int) -> None:
     """Drop the clean cached pages of the whole file open as ``fd``."""
+    _advise(fd, 0, 0)
+
+
+def _drop_path(path: "str | Path", start: int, length: int) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # the file went away (retention, compaction, a deleted topic)
+        return
+    try:
+        _advise(fd, start, length)
+    finally:
+        os.close(fd)
+
+
+def _advise(fd: int, start: int, length: int) -> None:
     if _DONTNEED is not None:
-        os.posix_fadvise(fd, 0, 0, _DONTNEED)
+        os.posix_fadvise(fd, start, length, _DONTNEED)
 
 
 class PageCacheBudget:
