@@ -253,6 +253,7 @@ class RaftProposer:
         self._transfer_timeout = transfer_timeout_s
         self._outbox: list[_Pending] = []               # leader: proposals for the next Ready
         self._live: deque[_Pending] = deque()           # every proposal, by deadline
+        self._held_snapshots: dict[int, int] = {}       # snapshot index -> streams sending it
         self._sweep_s = max(min(propose_timeout_s / 4, 0.5), 0.001)
         self._sweeper: IDelayedCall | None = None
         self.group_entries = 0
@@ -736,6 +737,23 @@ class RaftProposer:
         path = self.snapshot_dir / f"{index:020d}"
         return path if (path / "snapshot.json").exists() else None
 
+    def hold_snapshot(self, index: int) -> Path | None:
+        """``snapshot_path``, and the tree is kept from pruning until ``release_snapshot``:
+        the transport streams it to a lagging follower straight from its files, which may take
+        longer than the log takes to compact again."""
+        path = self.snapshot_path(index)
+        if path is not None:
+            self._held_snapshots[index] = self._held_snapshots.get(index, 0) + 1
+        return path
+
+    def release_snapshot(self, index: int) -> None:
+        """One ``hold_snapshot`` of ``index`` is over (the next prune may remove the tree)."""
+        left = self._held_snapshots.get(index, 0) - 1
+        if left > 0:
+            self._held_snapshots[index] = left
+        else:
+            self._held_snapshots.pop(index, None)
+
     # ------------------------------------------------------------------ Application (driver)
 
     def on_soft_state(self, soft: SoftState) -> None:
@@ -1038,10 +1056,12 @@ class RaftProposer:
     def prune_snapshots(self, keep: int) -> None:
         """Remove snapshot trees except ``keep`` (just taken) and the one the Raft core holds
         now (what lagging followers are sent until the log is compacted to ``keep``). Only
-        the numbered trees: the directory also holds tar files being sent or received."""
+        the numbered trees: the directory also holds tar files being received. A tree being
+        sent to a follower (``hold_snapshot``) stays until a prune after its release."""
         core = self.driver.node.snapshot_index if self.driver is not None else 0
         for old in self.snapshot_dir.iterdir():
-            if (old.is_dir() and old.name.isdigit() and int(old.name) not in (keep, core)):
+            if (old.is_dir() and old.name.isdigit()
+                    and int(old.name) not in (keep, core, *self._held_snapshots)):
                 shutil.rmtree(old, ignore_errors=True)
 
 

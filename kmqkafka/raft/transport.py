@@ -22,8 +22,9 @@ Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting 
     7 SNAPSHOT_ERR  UTF-8 reason
 
 Snapshot files travel on a fresh connection per fetch (so a long transfer never delays Raft
-traffic); the server tars the hard-linked snapshot tree on ``run_io`` into a temporary file and
-streams it with ``FileSender``; the client writes it to disk as it arrives and unpacks it on
+traffic); the server streams the hard-linked snapshot tree as a tar straight from its files
+(``raft/snapshot_tar.py``: size planned up front, read a MiB at a time on ``run_io``, paced by
+the socket), with no temporary copy; the client writes it to disk as it arrives and unpacks it on
 ``run_io`` into ``{raft}/snapshots/<index>`` via a ``.part`` directory and a rename.
 
 TLS: when the server has a certificate (``KMQKAFKA_TLS_CERT``) the Raft port speaks TLS and
@@ -38,25 +39,24 @@ import random
 import shutil
 import struct
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.logger import Logger
-from twisted.protocols.basic import FileSender
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from kmqkafka.net.protocol import _tune_socket
 from kmqkafka.net import recvinto
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
+from kmqkafka.raft.snapshot_tar import TarPlan, plan as plan_tar
 from kmqkafka.raft.storage import CorruptLog
 from kmqkafka.store.fsutil import fsync_dir, sync_tree
-from kmqkafka.store.pagecache import drop_tree
 from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
                                     encode_parts)
 
@@ -438,40 +438,26 @@ class RaftTransport:
     # ------------------------------------------------------------------ snapshots
 
     def _serve_snapshot(self, link: _Link, index: int) -> None:
-        path = self._receiver.snapshot_path(index) if self._receiver else None
+        path = self._receiver.hold_snapshot(index) if self._receiver else None
         if path is None:
             link.send(SNAPSHOT_ERR, f"no snapshot {index} here".encode())
             return
 
-        def pack() -> str:
-            fd, name = tempfile.mkstemp(prefix="snapshot-", suffix=".tar", dir=path.parent)
-            with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
-                tar.add(path, arcname=".")
-            drop_tree(path)  # tar read every segment: cold data, keep it out of the cache
-            return name
+        def send(tar: TarPlan) -> Deferred:
+            return _TarSender(tar, link.transport, self._run_io).start()
 
-        def send(name: str) -> Deferred:
-            size = os.path.getsize(name)
-            f = open(name, "rb")
-            link.transport.write(_HEAD.pack(9, SNAPSHOT_TAR) + _U64.pack(size))
-            d = FileSender().beginFileTransfer(f, link.transport)
+        def release(result: object) -> object:
+            self._receiver.release_snapshot(index)
+            return result
 
-            def done(result: object) -> object:
-                f.close()
-                os.unlink(name)
-                return result
-
-            return d.addBoth(done)
-
-        d = self._run_io(pack).addCallback(send)
+        d = self._run_io(plan_tar, path).addCallback(send).addBoth(release)
         d.addErrback(self._serve_failed, index)
 
     @staticmethod
     def _serve_failed(failure: Failure, index: int) -> None:
         """A peer that went away mid-transfer is ordinary (it asks again); anything else is
         logged with its traceback."""
-        stopped = str(failure.value) == "Consumer asked us to stop producing"  # FileSender
-        if stopped or failure.check(ConnectionDone, ConnectionLost, ConnectionAborted):
+        if failure.check(ConnectionDone, ConnectionLost, ConnectionAborted):
             log.info("serving snapshot {index} stopped: the peer went away ({why})",
                      index=index, why=failure.getErrorMessage())
         else:
@@ -505,6 +491,98 @@ class RaftTransport:
             self._reactor.connectTCP(peer.host, peer.port, factory, timeout=5)
         fetch.start = lambda: fetch.link.send(SNAPSHOT_GET, _U64.pack(index))
         return result
+
+
+@implementer(IPushProducer)
+class _TarSender:
+    """Server side of one snapshot download: the ``SNAPSHOT_TAR`` frame, then the tar's bytes
+    as ``TarPlan.chunks`` reads them on ``run_io``, one read at a time and at most one chunk
+    read ahead of what the socket took (a push producer the transport pauses and resumes).
+    ``start`` fires once every byte is handed to the transport, or fails with the read's error
+    (the connection is then aborted: the follower sees a short tar and asks again) or with
+    ``ConnectionLost`` if the follower went away."""
+
+    def __init__(self, tar: TarPlan, transport: Any, run_io: Any) -> None:
+        self._tar = tar
+        self._chunks = tar.chunks()  # advanced only on run_io, never by two reads at once
+        self._transport = transport
+        self._run_io = run_io
+        self._done: Deferred = Deferred()
+        self._paused = False
+        self._reading = False
+        self._ahead: bytes | None = None
+        self._sent = 0
+        self._over = False
+
+    def start(self) -> Deferred:
+        self._transport.write(_HEAD.pack(9, SNAPSHOT_TAR) + _U64.pack(self._tar.size))
+        self._transport.registerProducer(self, True)
+        self._read()
+        return self._done
+
+    def _read(self) -> None:
+        if self._reading or self._over or self._ahead is not None:
+            return
+        self._reading = True
+        d = self._run_io(next, self._chunks, b"")
+        d.addCallbacks(self._read_done, self._read_failed)
+
+    def _read_done(self, chunk: bytes) -> None:
+        self._reading = False
+        if self._over:
+            self._close()
+        elif not chunk:
+            self._finish()
+        elif self._paused:
+            self._ahead = chunk
+        else:
+            self._send(chunk)
+            self._read()
+
+    def _send(self, chunk: bytes) -> None:
+        self._sent += len(chunk)
+        self._transport.write(chunk)
+
+    def _finish(self) -> None:
+        self._over = True
+        self._transport.unregisterProducer()
+        if self._sent != self._tar.size:  # never sent: the follower would unpack a bad tar
+            self._transport.abortConnection()
+            self._done.errback(TransportError(
+                f"snapshot tar is {self._sent} bytes, {self._tar.size} were announced"))
+        else:
+            self._done.callback(None)
+
+    def _read_failed(self, failure: Failure) -> None:
+        self._reading = False
+        if self._over:
+            return
+        self._over = True
+        self._transport.unregisterProducer()
+        self._transport.abortConnection()
+        self._done.errback(failure)
+
+    def _close(self) -> None:
+        self._run_io(self._chunks.close).addErrback(lambda _: None)
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        if self._ahead is not None and not self._over:
+            chunk, self._ahead = self._ahead, None
+            self._send(chunk)
+        self._read()
+
+    def stopProducing(self) -> None:
+        """The connection went: stop reading and close the files."""
+        if self._over:
+            return
+        self._over = True
+        if not self._reading:
+            self._close()
+        self._done.errback(Failure(ConnectionLost("the follower went away")))
 
 
 class _Fetch:

@@ -642,6 +642,33 @@ def test_pruning_snapshots_keeps_the_one_the_core_serves_and_files_in_transit(tm
         f"{5:020d}", f"{9:020d}", "incoming-3.tar", "snapshot-abc.tar"]
 
 
+def test_a_snapshot_being_sent_to_a_follower_is_not_pruned_until_released(tmp_path):
+    """The transport streams a snapshot tree from its files; a compaction meanwhile must not
+    remove the tree under it (the follower would never finish a large transfer)."""
+    from types import SimpleNamespace
+
+    cl = Cluster(tmp_path)
+    p = cl.stores[cl.wait_leader()].proposer
+    d = p.snapshot_dir
+    for i in (5, 7, 9):
+        (d / f"{i:020d}").mkdir()
+        (d / f"{i:020d}" / "snapshot.json").write_text("{}")
+    assert p.hold_snapshot(7) == d / f"{7:020d}" and p.hold_snapshot(7) is not None
+    assert p.hold_snapshot(8) is None
+    driver, p.driver = p.driver, SimpleNamespace(node=SimpleNamespace(snapshot_index=9))
+    try:
+        p.prune_snapshots(keep=9)
+        assert sorted(x.name for x in d.iterdir()) == [f"{7:020d}", f"{9:020d}"]
+        p.release_snapshot(7)
+        p.prune_snapshots(keep=9)
+        assert sorted(x.name for x in d.iterdir()) == [f"{7:020d}", f"{9:020d}"]  # one left
+        p.release_snapshot(7)
+        p.prune_snapshots(keep=9)
+        assert sorted(x.name for x in d.iterdir()) == [f"{9:020d}"]
+    finally:
+        p.driver = driver
+
+
 def test_a_cut_off_leader_answers_its_pending_writes_not_leader_soon(tmp_path):
     """A leader cut off from the majority steps down (check-quorum) and, an election timeout
     later, answers the writes it still holds NOT_LEADER; writes sent to it once it knows no
