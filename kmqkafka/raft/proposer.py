@@ -1056,8 +1056,9 @@ class RaftProposer:
     def prune_snapshots(self, keep: int) -> None:
         """Remove snapshot trees except ``keep`` (just taken) and the one the Raft core holds
         now (what lagging followers are sent until the log is compacted to ``keep``). Only
-        the numbered trees: the directory also holds tar files being received. A tree being
-        sent to a follower (``hold_snapshot``) stays until a prune after its release."""
+        the numbered trees: the directory also holds trees being received (``.part``). A
+        tree being sent to a follower (``hold_snapshot``) stays until a prune after its
+        release."""
         core = self.driver.node.snapshot_index if self.driver is not None else 0
         for old in self.snapshot_dir.iterdir():
             if (old.is_dir() and old.name.isdigit()

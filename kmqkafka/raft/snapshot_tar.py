@@ -8,20 +8,29 @@ half the disk could make the leader refuse writes just to catch a follower up. H
 computed up front from the members' headers and file sizes (``plan``), and the bytes come
 straight from the tree's files (``TarPlan.chunks``), which the snapshot never changes.
 
-Blocking file I/O: ``plan`` and every step of ``chunks`` run on an I/O thread, one at a time.
+The follower unpacks the bytes as they arrive (``TarPipe`` from the reactor to a thread
+running ``unpack``) rather than saving the tar first: one write of the snapshot, not two, and
+no second copy of it on its disk.
+
+Blocking file I/O: ``plan`` and every step of ``chunks`` run on an I/O thread, one at a time;
+``unpack`` on a thread of its own for the length of the transfer.
 """
 from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
+import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
+from kmqkafka.store.fsutil import fsync_dir, sync_tree
 from kmqkafka.store.pagecache import drop_file
 
-__all__ = ["CHUNK", "TarPlan", "plan"]
+__all__ = ["CHUNK", "TarPipe", "TarPlan", "plan", "unpack"]
 
 CHUNK = 1 << 20  # bytes per step of ``chunks``
 _BLOCK = tarfile.BLOCKSIZE
@@ -94,3 +103,91 @@ def plan(root: Path) -> TarPlan:
 
     add(root, ".")
     return TarPlan(tuple(members), size + 2 * _BLOCK)
+
+
+class TarPipe:
+    """The bytes of one incoming tar, from the reactor (``write``, ``close``, ``abort``) to the
+    thread that unpacks them (``read``). Back-pressure: once more than ``high`` bytes wait,
+    ``pause()`` is called (the link stops reading its socket); ``resume()`` is scheduled with
+    ``call_in_reactor`` once the reader brought them under ``low``."""
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None],
+                 call_in_reactor: Callable[..., None], high: int = 16 << 20,
+                 low: int = 4 << 20) -> None:
+        self._pause, self._resume, self._call = pause, resume, call_in_reactor
+        self._high, self._low = high, low
+        self._queue: deque[bytes] = deque()
+        self._queued = 0
+        self._paused = False
+        self._closed = False
+        self._aborted = False
+        self._cv = threading.Condition()
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Reactor thread: queue ``data``; dropped once aborted."""
+        with self._cv:
+            if self._aborted or self._closed:
+                return
+            self._queue.append(bytes(data))
+            self._queued += len(data)
+            self._cv.notify()
+            if self._queued > self._high and not self._paused:
+                self._paused = True
+                self._pause()
+
+    def close(self) -> None:
+        """Reactor thread: every byte was written; ``read`` returns b"" once they are read."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def abort(self) -> None:
+        """Any thread: the transfer is off; the reader's next ``read`` raises."""
+        with self._cv:
+            self._aborted = True
+            self._queue.clear()
+            self._cv.notify()
+
+    def read(self, size: int = -1) -> bytes:
+        """Unpacking thread: up to ``size`` bytes (at least one unless at the end), blocking
+        until some are there; raises ``OSError`` once aborted."""
+        with self._cv:
+            while not self._queue and not self._closed and not self._aborted:
+                self._cv.wait()
+            if self._aborted:
+                raise OSError("the snapshot transfer was aborted")
+            if not self._queue:
+                return b""
+            chunk = self._queue.popleft()
+            if 0 <= size < len(chunk):
+                self._queue.appendleft(chunk[size:])
+                chunk = chunk[:size]
+            self._queued -= len(chunk)
+            if self._paused and self._queued < self._low:
+                self._paused = False
+                self._call(self._resume)
+            return chunk
+
+
+def unpack(pipe: TarPipe, final: Path) -> None:
+    """Unpack the tar read from ``pipe`` into ``final`` (via ``final.part`` and a rename, so a
+    crash never leaves a partial tree under the final name). Its files are fsynced first:
+    installed, they become the node's segments, which its checkpoint then counts as durable
+    (``snapshot.install`` drops them from the page cache once it has copied what it needs).
+    On failure the partial tree is removed and the error raised."""
+    part = final.with_name(final.name + ".part")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        with tarfile.open(fileobj=pipe, mode="r|", bufsize=CHUNK) as tar:
+            tar.extractall(part, filter="data")
+        while pipe.read(CHUNK):  # the archive's end padding: read it, or the link stays paused
+            pass
+        sync_tree(part)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(part, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        pipe.abort()
+        shutil.rmtree(part, ignore_errors=True)
+        raise

@@ -24,8 +24,8 @@ Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting 
 Snapshot files travel on a fresh connection per fetch (so a long transfer never delays Raft
 traffic); the server streams the hard-linked snapshot tree as a tar straight from its files
 (``raft/snapshot_tar.py``: size planned up front, read a MiB at a time on ``run_io``, paced by
-the socket), with no temporary copy; the client writes it to disk as it arrives and unpacks it on
-``run_io`` into ``{raft}/snapshots/<index>`` via a ``.part`` directory and a rename.
+the socket), with no temporary copy; the client unpacks it as it arrives, on a thread of its own
+and paced the same way, into ``{raft}/snapshots/<index>`` via a ``.part`` directory and a rename.
 
 TLS: when the server has a certificate (``KMQKAFKA_TLS_CERT``) the Raft port speaks TLS and
 peers connect with TLS, presenting the same certificate; with ``KMQKAFKA_TLS_CA`` both sides
@@ -36,9 +36,8 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import struct
-import tarfile
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -54,9 +53,8 @@ from kmqkafka.net.protocol import _tune_socket
 from kmqkafka.net import recvinto
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 from kmqkafka.raft.errors import NotLeaderError, TransportError
-from kmqkafka.raft.snapshot_tar import TarPlan, plan as plan_tar
+from kmqkafka.raft.snapshot_tar import TarPipe, TarPlan, plan as plan_tar, unpack
 from kmqkafka.raft.storage import CorruptLog
-from kmqkafka.store.fsutil import fsync_dir, sync_tree
 from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
                                     encode_parts)
 
@@ -586,7 +584,8 @@ class _TarSender:
 
 
 class _Fetch:
-    """Client side of one snapshot download."""
+    """Client side of one snapshot download: the tar is unpacked as it arrives, on a thread of
+    its own (``snapshot_tar.unpack``), into ``{dest_dir}/<index>``."""
 
     def __init__(self, owner: RaftTransport, index: int, dest_dir: Path, result: Deferred) -> None:
         self.owner = owner
@@ -595,44 +594,51 @@ class _Fetch:
         self.result = result
         self.link: _Link | None = None
         self.start: Any = None
-        self.tmp = dest_dir / f"incoming-{index}.tar"
+        self.pipe: TarPipe | None = None
 
-    def begin(self, size: int) -> Any:
-        return open(self.tmp, "wb")
+    def begin(self, size: int) -> TarPipe:
+        reactor = self.owner._reactor
+        transport = self.link.transport if self.link is not None else None
+        pipe = TarPipe(pause=transport.pauseProducing, resume=transport.resumeProducing,
+                       call_in_reactor=reactor.callFromThread)
+        self.pipe = pipe
+        final = self.dest_dir / f"{self.index:020d}"
+
+        def run() -> None:
+            try:
+                unpack(pipe, final)
+            except BaseException as e:  # noqa: BLE001 - reported to the reactor thread
+                reactor.callFromThread(self._unpacked, Failure(e))
+            else:
+                reactor.callFromThread(self._unpacked, None)
+
+        threading.Thread(target=run, name=f"snapshot-{self.index}-unpack", daemon=True).start()
+        return pipe
 
     def end(self, sink: Any) -> None:
         if sink is not None:
             sink.close()
+        self._close_link()
+
+    def _unpacked(self, outcome: Failure | None) -> None:
+        if outcome is not None:
+            self._close_link()
+        self._done(outcome)
+
+    def _close_link(self) -> None:
         if self.link is not None:
             self.link.on_lost = None
             self.link.transport.loseConnection()
-        final = self.dest_dir / f"{self.index:020d}"
-        part = self.dest_dir / f"{self.index:020d}.part"
-
-        def unpack() -> None:
-            shutil.rmtree(part, ignore_errors=True)
-            with tarfile.open(self.tmp, "r") as tar:
-                tar.extractall(part, filter="data")
-            # Installed, these files are the node's segments, which its checkpoint then
-            # counts as durable: tar wrote them without fsync. (``snapshot.install`` drops
-            # them from the page cache once it has copied what it needs.)
-            sync_tree(part)
-            os.unlink(self.tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(part, final)
-            fsync_dir(final.parent)
-
-        d = self.owner._run_io(unpack)
-        d.addCallbacks(lambda _: self._done(None), lambda f: self._done(f))
 
     def error(self, reason: str) -> None:
-        if self.link is not None:
-            self.link.on_lost = None
-            self.link.transport.loseConnection()
+        self._close_link()
+        if self.pipe is not None:
+            self.pipe.abort()
         self._done(Failure(TransportError(reason)))
 
     def lost(self, reason: Failure) -> None:
+        if self.pipe is not None:
+            self.pipe.abort()  # the unpacking thread stops and removes the partial tree
         self._done(Failure(TransportError(f"snapshot link lost: {reason.getErrorMessage()}")))
 
     def _done(self, outcome: Any) -> None:

@@ -1,11 +1,13 @@
 """The snapshot tar a leader streams to a lagging follower: its size is known before the first
-byte (the frame announces it), it unpacks to the same tree, and the sender never reads more
-than one chunk ahead of what the socket took (no temporary copy of the store is made)."""
+byte (the frame announces it), it unpacks to the same tree, the sender never reads more than
+one chunk ahead of what the socket took, and the follower unpacks it as it arrives, pausing its
+link while the unpacking lags (no temporary tar on either side)."""
 from __future__ import annotations
 
 import io
 import os
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionLost
 from twisted.internet.testing import StringTransport
 
-from kmqkafka.raft.snapshot_tar import CHUNK, plan
+from kmqkafka.raft.snapshot_tar import CHUNK, TarPipe, plan, unpack
 from kmqkafka.raft.transport import SNAPSHOT_TAR, _HEAD, _U64, _TarSender
 
 
@@ -159,3 +161,76 @@ def test_a_failed_read_aborts_the_connection(tmp_path: Path) -> None:
     while io_.calls and not failures:
         io_.run_one()
     assert failures and failures[0].check(OSError) and sock.aborted
+
+
+class _Reactor:
+    """``callFromThread`` for a test with no reactor running: calls are kept and run later."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.lock = threading.Lock()
+
+    def __call__(self, f: Callable[..., Any], *args: Any) -> None:
+        with self.lock:
+            self.calls.append((f, args))
+
+    def run(self) -> None:
+        with self.lock:
+            calls, self.calls = self.calls, []
+        for f, args in calls:
+            f(*args)
+
+
+def test_a_follower_unpacks_the_stream_as_it_arrives_pausing_its_link_when_behind(tmp_path):
+    files = _tree(tmp_path / "snap")
+    data = b"".join(plan(tmp_path / "snap").chunks())
+    events: list[str] = []
+    reactor = _Reactor()
+    pipe = TarPipe(pause=lambda: events.append("pause"), resume=lambda: events.append("resume"),
+                   call_in_reactor=reactor, high=256 * 1024, low=64 * 1024)
+    final = tmp_path / "snapshots" / f"{9:020d}"
+    final.parent.mkdir()
+    errors: list = []
+
+    def run() -> None:
+        try:
+            unpack(pipe, final)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    for pos in range(0, len(data), 100_000):  # arrives before the reader starts: it pauses
+        pipe.write(data[pos:pos + 100_000])
+    pipe.close()
+    assert events[:1] == ["pause"]
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    reactor.run()
+    assert not errors and not thread.is_alive()
+    assert events == ["pause", "resume"]
+    got = {str(p.relative_to(final)): p.read_bytes() for p in final.rglob("*") if p.is_file()}
+    assert got == files
+    assert not (final.parent / (final.name + ".part")).exists()
+
+
+def test_an_aborted_transfer_leaves_no_partial_tree(tmp_path):
+    _tree(tmp_path / "snap")
+    data = b"".join(plan(tmp_path / "snap").chunks())
+    reactor = _Reactor()
+    pipe = TarPipe(pause=lambda: None, resume=lambda: None, call_in_reactor=reactor)
+    final = tmp_path / f"{9:020d}"
+    errors: list = []
+
+    def run() -> None:
+        try:
+            unpack(pipe, final)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    pipe.write(data[:len(data) // 2])
+    pipe.abort()  # the link went away half way
+    thread.join(30)
+    assert errors and isinstance(errors[0], OSError)
+    assert not final.exists() and not (tmp_path / (final.name + ".part")).exists()
