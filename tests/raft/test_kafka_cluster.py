@@ -46,8 +46,10 @@ def ms(n: int) -> datetime.timedelta:
 
 
 class Cluster:
-    def __init__(self, tmp_path: Any, prefix: tuple[str, ...] = ()) -> None:
-        """Three nodes on 127.0.0.1 (``prefix``: a wrapper command every node runs under)."""
+    def __init__(self, tmp_path: Any, prefix: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None) -> None:
+        """Three nodes on 127.0.0.1 (``prefix``: a wrapper command every node runs under;
+        ``env``: settings every node gets)."""
         self.raft_ports = {i: free_port() for i in IDS}
         self.kafka_ports = {i: free_port() for i in IDS}
         peers = ",".join(f"{i}=127.0.0.1:{self.raft_ports[i]}/127.0.0.1:{self.kafka_ports[i]}"
@@ -59,7 +61,7 @@ class Cluster:
             self.brokers[i] = start_broker(d, env={
                 "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
                 "CONNECTORS_KAFKA_PORT": str(self.kafka_ports[i]),
-                "KMQKAFKA_RAFT_TICK_MS": "50"}, wait=False, prefix=prefix)
+                "KMQKAFKA_RAFT_TICK_MS": "50", **(env or {})}, wait=False, prefix=prefix)
         try:
             for b in self.brokers.values():
                 _wait_healthy(b, 60)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import on_tmpfs, resident_bytes
+from tests.conftest import make_self_signed, on_tmpfs, resident_bytes
 from tests.raft.test_kafka_cluster import Cluster, fetch_all, produce_confluent
 
 pytest.importorskip("confluent_kafka")
@@ -33,8 +33,17 @@ run()
 """
 
 
-def test_a_follower_behind_a_compaction_is_caught_up_by_a_snapshot(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, prefix=(sys.executable, "-c", SMALL_COMPACTION))
+@pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
+def test_a_follower_behind_a_compaction_is_caught_up_by_a_snapshot(tmp_path: Path,
+                                                                   tls: bool) -> None:
+    """Over plain TCP, and over TLS Raft links (the follower pauses and resumes its link
+    through the TLS layer while it unpacks)."""
+    env = None
+    if tls:
+        cert, key = make_self_signed(tmp_path)
+        env = {"KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key),
+               "KMQKAFKA_TLS_CA": str(cert)}
+    cluster = Cluster(tmp_path, prefix=(sys.executable, "-c", SMALL_COMPACTION), env=env)
     try:
         leader = cluster.leader()
         victim = cluster.follower()
