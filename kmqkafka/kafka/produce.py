@@ -12,7 +12,9 @@ otherwise the only work is the header check and the CRC, and the batch
 reaches the store as the very ``bytes`` object kio decoded, with no copy. The store stamps the
 partition leader epoch (0) as it writes the batch, as Kafka does. Topics with
 ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit, max
-timestamp = broker time, new CRC) in a copy of the batch.
+timestamp = broker time, new CRC) in a copy of the batch; on CreateTime topics a batch whose
+header max timestamp cannot be right gets it recomputed from its records
+(``_with_max_timestamp``).
 
 Idempotent producers (a batch with a producer id): the batch must carry a base sequence >= 0
 (else INVALID_RECORD); its sequence and epoch are checked by the store when the append is
@@ -208,6 +210,8 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         channel = channel_for(topic.name, index)
         try:
             _check(blob, limit, version, segment_bytes)
+            if not log_append:
+                blob = _with_max_timestamp(blob, broker.reactor)
             if rules is not None:
                 rules.check(blob, now_ms, f"{topic.name}-{index}")
         except RejectedRecords as exc:
@@ -377,6 +381,30 @@ def _check(blob: bytes | None, limit: int, version: int, segment_bytes: int) -> 
         raise KafkaError(ErrorCode.invalid_record,
                          f"Inconsistent batch offset range [0, {header.last_offset_delta}] "
                          f"and count of records {header.records_count}")
+
+
+def _with_max_timestamp(blob: bytes, clock: Any) -> bytes:
+    """``blob``, or a copy whose header's max timestamp is the records' own, as Kafka stores a
+    CreateTime batch (LogValidator recomputes it from the records). Retention, time lookups
+    and the timestamp bounds read that header field; a client that leaves it unset (sarama
+    1.22 sends -1) dated its batches to 1970, so the next retention run deleted them, with
+    acks=all. Only a header that cannot be right (below the first timestamp, or negative) is
+    recomputed: the records are decoded for those batches alone. Records without any
+    timestamp get the broker's clock, so they age from when they were stored (Kafka falls
+    back to the segment file's modification time, which differs from node to node)."""
+    header = records.read_header(blob)
+    if header.max_timestamp >= max(header.base_timestamp, 0) or header.is_control:
+        return blob
+    try:
+        newest = max((r.timestamp for r in records.iter_records(blob)), default=-1)
+    except records.InvalidBatch as exc:
+        raise KafkaError(error_code_for(exc), str(exc)) from None
+    if newest < 0:
+        newest = int(clock.seconds() * 1000)
+    buf = bytearray(blob)
+    _MAX_TS.pack_into(buf, 35, newest)
+    _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
+    return bytes(buf)
 
 
 def _log_append_time(blob: bytes, now_ms: int) -> bytes:

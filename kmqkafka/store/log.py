@@ -119,6 +119,15 @@ class FlushToken:
                 raise
 
 
+def _expired(seg: Segment, cfg: LogConfig, now_ms: int) -> bool:
+    """Whether ``seg``'s newest record is older than ``retention.ms``. A segment with data but
+    no timestamp (batches stored with a max timestamp of -1 before produce recomputed it) is
+    never expired by time: it cannot be dated alike on every node, and guessing 1970 deleted
+    acknowledged records at the next retention run."""
+    return (cfg.retention_ms is not None and seg.max_timestamp >= 0
+            and now_ms - seg.max_timestamp > cfg.retention_ms)
+
+
 def _waited_for_roll(active: Segment, batch_max_ts: int, now_ms: int) -> int:
     """How long the active segment has been filling, as Kafka's ``timeWaitedForRoll``: by
     record time (the incoming batch's max timestamp less the segment's first batch's) when
@@ -672,7 +681,7 @@ class ChannelLog:
         total = self.size_bytes
         while len(self._segments) > 1:
             seg = self._segments[0]
-            expired = cfg.retention_ms is not None and now_ms - seg.max_timestamp > cfg.retention_ms
+            expired = _expired(seg, cfg, now_ms)
             # Kafka's rule: a segment goes only if what remains still holds retention.bytes.
             too_big = cfg.retention_bytes is not None and total - seg.size >= cfg.retention_bytes
             too_many = (
@@ -687,7 +696,7 @@ class ChannelLog:
             dropped += 1
         seg = self._active
         if len(self._segments) == 1 and seg.size and (
-                (cfg.retention_ms is not None and now_ms - seg.max_timestamp > cfg.retention_ms)
+                _expired(seg, cfg, now_ms)
                 or (cfg.retention_bytes is not None and total - seg.size >= cfg.retention_bytes)):
             self._roll()  # a dropped segment's pending index files go at their flush
             self._drop_first_segment()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kmqkafka import records
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import OffsetOutOfRange
 from kmqkafka.store.log import ChannelLog
@@ -133,4 +134,26 @@ def test_truncate_prefix_to_the_end(tmp_path: Path) -> None:
     assert log.append(make_batch(1), 0) == (51, 51)
     log = reopen(log)
     assert log.log_start == 51
+    log.close()
+
+
+def _undated(batch: bytes) -> bytes:
+    """``batch`` with its header's max timestamp -1, as sarama 1.22 sends every batch (and as
+    such batches were stored before produce recomputed the field)."""
+    buf = bytearray(batch)
+    buf[35:43] = (-1).to_bytes(8, "big", signed=True)
+    buf[17:21] = records.crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
+    return bytes(buf)
+
+
+def test_segments_without_a_timestamp_are_never_expired_by_age(tmp_path: Path) -> None:
+    """A max timestamp of -1 once read as 1970 and deleted such data at the next retention
+    run; it cannot be dated (alike on every node), so only size and count rules apply."""
+    log = ChannelLog.open(tmp_path, ONE_PER_SEGMENT.with_changes(retention_ms=2_500), 0)
+    for i in range(3):
+        log.append(_undated(make_batch(10, ts=1_000 * (i + 1))), 1_000 * (i + 1))
+    flush(log)
+    assert log.enforce_retention(10**12) == 0 and log.log_start == 1
+    log = reopen(log)  # the rebuilt indexes read the stored headers again
+    assert log.enforce_retention(10**12) == 0 and log.log_start == 1
     log.close()
