@@ -19,7 +19,7 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.acl import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS, operations
 from kmqkafka.kafka.context import RequestContext
-from kmqkafka.kafka.topics import Topic, TopicCatalog
+from kmqkafka.kafka.topics import INTERNAL_TOPICS, Topic, TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
 
@@ -134,7 +134,7 @@ def _topic_entry(t: Any, topic: Topic, indexes: range, leader: int | None,
         for p in indexes
     )
     return make(t.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.none,
-                name=topic.name, topic_id=topic.topic_id, is_internal=False,
+                name=topic.name, topic_id=topic.topic_id, is_internal=topic.name in INTERNAL_TOPICS,
                 partitions=partitions, topic_authorized_operations=TOPIC_OPERATIONS)
 
 

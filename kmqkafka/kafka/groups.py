@@ -352,6 +352,9 @@ def find_coordinator(request: Any, ctx: RequestContext) -> Any:
     leader = identity.leader(ctx.broker)
     where = identity.endpoint(ctx.broker, leader, ctx.listener) if leader is not None else None
     me, (host, port) = (leader, where) if where is not None else (-1, ("", -1))
+    topics = ctx.broker.extras.get("topics")
+    if key_type == KEY_TYPE_GROUP and where is not None and topics is not None:
+        topics.ensure_offsets_topic()  # Kafka creates it now; the answer need not wait
 
     def answer(key: str) -> tuple[ErrorCode, str | None]:
         if key_type == KEY_TYPE_GROUP:

@@ -112,7 +112,8 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
             for p in range(topic.partitions)
         )
         out.append(make(t.MetadataResponseTopic, error_code=ErrorCode.none, name=topic.name,
-                        topic_id=topic.topic_id, is_internal=False, partitions=partitions,
+                        topic_id=topic.topic_id, is_internal=topic.name in INTERNAL_TOPICS,
+                        partitions=partitions,
                         topic_authorized_operations=topic_ops))
     return make(
         ctx.response_type,

@@ -48,7 +48,8 @@ from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
-from kmqkafka.kafka.topics import TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.topics import (INTERNAL_TOPICS, TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog,
+                                   validate_topic_name)
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
 
@@ -128,11 +129,17 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
         topic = topics.by_id(topic_key) if topic_key is not None else None
         if topic is None:
             return all_failed(ErrorCode.unknown_topic_id)
+        if topic.name in INTERNAL_TOPICS:
+            return all_failed(ErrorCode.invalid_topic_exception,
+                              f"Cannot append to internal topic {topic.name}")
         return _produce_partitions(ctx, topic, partitions, acks)
     try:
         validate_topic_name(topic_key)
     except KafkaError as exc:
         return all_failed(exc.code, exc.message)
+    if topic_key in INTERNAL_TOPICS:  # as Kafka's ReplicaManager, whether it exists or not
+        return all_failed(ErrorCode.invalid_topic_exception,
+                          f"Cannot append to internal topic {topic_key}")
     topic = topics.get(topic_key)
     if topic is not None:
         return _produce_partitions(ctx, topic, partitions, acks)

@@ -37,9 +37,15 @@ MAX_PARTITIONS = MAX_TOPIC_PARTITIONS
 MAX_TOPIC_NAME = 249
 # Apache Kafka's own internal topics. Here groups, offsets and producer state live in the
 # store's coordinator channels, so these names are never user topics: CreateTopics refuses
-# them (as Kafka refuses __cluster_metadata) and Metadata never auto-creates them.
+# them (as Kafka refuses __cluster_metadata), Metadata never auto-creates them, and Produce
+# refuses them (INVALID_TOPIC_EXCEPTION, as Kafka). Only ``OFFSETS_TOPIC`` ever exists, and
+# only as Kafka makes it: when a group first looks for its coordinator (``ensure_offsets_topic``).
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__cluster_metadata",
                              "__share_group_state"})
+OFFSETS_TOPIC = "__consumer_offsets"
+OFFSETS_TOPIC_PARTITIONS = 50  # Kafka's offsets.topic.num.partitions
+OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact", "compression.type": "producer",
+                         "segment.bytes": "104857600"}  # what Kafka creates it with
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 _KEY_PREFIX = b"topic:"
 CONFIG_FAMILY = "config"
@@ -298,6 +304,7 @@ class TopicCatalog:
         self.default_partitions = default_partitions
         self._grown_listeners: list[Callable[[Topic], Any]] = []
         self._deleted_listeners: list[Callable[[Topic], Deferred | None]] = []
+        self._creating_offsets = False
 
     def on_partitions_added(self, listener: Callable[[Topic], Any]) -> None:
         """Call ``listener(topic)`` after a durable partition-count increase.
@@ -375,10 +382,12 @@ class TopicCatalog:
         configs: Mapping[str, str | None] | None = None,
         *,
         validate_only: bool = False,
+        internal: bool = False,
     ) -> Deferred:
-        """Create a topic; fires with the Topic. Raises KafkaError synchronously on bad input."""
+        """Create a topic; fires with the Topic. Raises KafkaError synchronously on bad input.
+        An internal name is refused unless ``internal`` (the broker's own creation)."""
         validate_topic_name(name)
-        if name in INTERNAL_TOPICS:
+        if name in INTERNAL_TOPICS and not internal:
             raise KafkaError(ErrorCode.invalid_request,
                              f"Creation of internal topic {name} is prohibited.")
         if partitions is None or partitions < 1:
@@ -407,6 +416,31 @@ class TopicCatalog:
         d.addErrback(_conflict_as, KafkaError(ErrorCode.topic_already_exists,
                                               f"Topic '{name}' already exists."))
         return d.addCallback(lambda _r: topic)
+
+    def ensure_offsets_topic(self) -> Deferred | None:
+        """Create ``__consumer_offsets`` if it does not exist yet, as Kafka does when a group
+        first looks for its coordinator, so clients see Kafka's topic list (aiokafka and
+        kafka-python list it with ``exclude_internal_topics=False``). Committed offsets live
+        in the store's coordinator channels: its partitions stay empty. Returns the create's
+        Deferred, or None when there is nothing to do (or no room for 50 partitions)."""
+        if self.get(OFFSETS_TOPIC) is not None or self._creating_offsets:
+            return None
+        try:
+            d = self.create(OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, OFFSETS_TOPIC_CONFIGS,
+                            internal=True)
+        except KafkaError as exc:
+            _log.info("not creating {topic}: {why}", topic=OFFSETS_TOPIC, why=exc.message)
+            return None
+        self._creating_offsets = True
+
+        def done(result: Any) -> Any:
+            self._creating_offsets = False
+            if isinstance(result, Failure) and not result.check(KafkaError):
+                _log.warn("creating {topic} failed: {why}", topic=OFFSETS_TOPIC,
+                         why=result.getErrorMessage())
+            return None  # a lost race (another node created it) is no error either
+
+        return d.addBoth(done)
 
     def _check_budget(self, more: int) -> None:
         """Each partition keeps a segment file open: past the budget the process would run out
