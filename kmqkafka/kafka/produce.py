@@ -217,10 +217,13 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         channel = channel_for(topic.name, index)
         try:
             _check(blob, limit, version, segment_bytes)
+            blob = _client_timestamp_type(blob, log_append)
             if not log_append:
                 blob = _with_max_timestamp(blob, broker.reactor)
             if rules is not None:
-                rules.check(blob, now_ms, f"{topic.name}-{index}")
+                newest = rules.check(blob, now_ms, f"{topic.name}-{index}")
+                if newest is not None and not log_append:  # decoded anyway: make it exact
+                    blob = _set_max_timestamp(blob, newest, broker.reactor)
         except RejectedRecords as exc:
             # As Kafka, a refusal of records (not of the batch) reports the log start offset.
             out.append(succeed(_Answer(index, exc.code, -1, _log_start(store, channel), -1,
@@ -266,11 +269,13 @@ class _RecordRules:
             return None
         return cls(compacted, before, after)
 
-    def check(self, blob: bytes, now_ms: int, partition: str) -> None:
+    def check(self, blob: bytes, now_ms: int, partition: str) -> int | None:
+        """Raise ``RejectedRecords`` (or ``KafkaError``) if a record breaks a rule. Returns the
+        records' newest timestamp when they were decoded, None when the header sufficed."""
         header = records.read_header(blob)
         if (not self.compacted and self.before_ms == _UNBOUNDED
                 and header.max_timestamp - now_ms <= self.after_ms):
-            return  # no record lies further ahead than the newest
+            return None  # no record lies further ahead than the newest
         count = header.records_count
         if count > MAX_CHECKED_RECORDS:
             # Decoding runs on the reactor: 10 KB of zstd holding 15 M keyed records held it
@@ -280,8 +285,10 @@ class _RecordRules:
                              f"checks takes at most {MAX_CHECKED_RECORDS} per batch")
         refused: list[tuple[int, str]] = []
         late = False
+        newest = records.NO_TIMESTAMP
         try:
             for i, record in enumerate(records.iter_records(blob)):
+                newest = max(newest, record.timestamp)
                 problem = self._problem(record, i, now_ms, partition)
                 if problem is not None:
                     late = late or problem[0] is ErrorCode.invalid_timestamp
@@ -293,6 +300,7 @@ class _RecordRules:
             # INVALID_TIMESTAMP for the batch (LogValidator.processRecordErrors).
             code = ErrorCode.invalid_timestamp if late else ErrorCode.invalid_record
             raise RejectedRecords(code, refused[0][1], tuple(refused))
+        return newest
 
     def _problem(self, record: Any, i: int, now_ms: int,
                  partition: str) -> tuple[ErrorCode, str] | None:
@@ -390,15 +398,36 @@ def _check(blob: bytes | None, limit: int, version: int, segment_bytes: int) -> 
                          f"and count of records {header.records_count}")
 
 
+def _client_timestamp_type(blob: bytes, log_append: bool) -> bytes:
+    """A client batch with the LogAppendTime bit set, as Kafka's LogValidator takes it: on a
+    LogAppendTime topic (or with no timestamp to go by) every record is refused with
+    INVALID_TIMESTAMP; on a CreateTime topic the batch is stored as CreateTime (the bit
+    cleared in a copy, as ``setMaxTimestamp(CREATE_TIME, ...)`` does), so its records read
+    back with their own timestamps."""
+    header = records.read_header(blob)
+    if not header.attributes & records.TIMESTAMP_TYPE_LOG_APPEND or header.is_control:
+        return blob
+    if log_append or header.max_timestamp == records.NO_TIMESTAMP:
+        why = "Producer should not set timestamp type to LogAppendTime."
+        raise RejectedRecords(
+            ErrorCode.invalid_timestamp, f"Invalid timestamp type in message 0. {why}",
+            tuple((i, f"Invalid timestamp type in message {i}. {why}")
+                  for i in range(max(header.records_count, 1))))
+    buf = bytearray(blob)
+    _ATTRS.pack_into(buf, 21, header.attributes & ~records.TIMESTAMP_TYPE_LOG_APPEND)
+    _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
+    return bytes(buf)
+
+
 def _with_max_timestamp(blob: bytes, clock: Any) -> bytes:
     """``blob``, or a copy whose header's max timestamp is the records' own, as Kafka stores a
     CreateTime batch (LogValidator recomputes it from the records). Retention, time lookups
     and the timestamp bounds read that header field; a client that leaves it unset (sarama
     1.22 sends -1) dated its batches to 1970, so the next retention run deleted them, with
     acks=all. Only a header that cannot be right (below the first timestamp, or negative) is
-    recomputed: the records are decoded for those batches alone. Records without any
-    timestamp get the broker's clock, so they age from when they were stored (Kafka falls
-    back to the segment file's modification time, which differs from node to node)."""
+    recomputed here: the hot path decodes no records. (A header that claims a later max than
+    its records' is made exact by ``_RecordRules`` when it decodes them: past the topic's
+    ``after`` bound it must. One between its first record's and its true max is kept.)"""
     header = records.read_header(blob)
     if header.max_timestamp >= max(header.base_timestamp, 0) or header.is_control:
         return blob
@@ -406,8 +435,18 @@ def _with_max_timestamp(blob: bytes, clock: Any) -> bytes:
         newest = max((r.timestamp for r in records.iter_records(blob)), default=-1)
     except records.InvalidBatch as exc:
         raise KafkaError(error_code_for(exc), str(exc)) from None
+    return _set_max_timestamp(blob, newest, clock)
+
+
+def _set_max_timestamp(blob: bytes, newest: int, clock: Any) -> bytes:
+    """``blob`` with ``newest`` as its header's max timestamp (a copy with a new CRC when that
+    changes it). Records without any timestamp (``newest`` < 0) get the broker's clock, so
+    they age from when they were stored: Kafka falls back to the segment file's modification
+    time, which differs from node to node."""
     if newest < 0:
         newest = int(clock.seconds() * 1000)
+    if records.read_header(blob).max_timestamp == newest:
+        return blob
     buf = bytearray(blob)
     _MAX_TS.pack_into(buf, 35, newest)
     _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))

@@ -5,6 +5,7 @@ bounds see its records. It used to be dated 1970: the next retention run deleted
 acknowledged with acks=all."""
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Iterator
 
@@ -106,3 +107,67 @@ def test_a_well_formed_batch_is_stored_as_sent(raw: Raw) -> None:
     assert produce(raw, topic, {0: blob})[0].error_code is E.none
     stored = parts_of(fetch(raw, topic, {0: 0}))[0].records
     assert stored[12:] == blob[12:]  # base offset and leader epoch are the broker's to set
+
+
+def _with_header(batch: bytes, *, max_ts: int | None = None, attributes: int | None = None
+                 ) -> bytes:
+    buf = bytearray(batch)
+    if max_ts is not None:
+        buf[35:43] = max_ts.to_bytes(8, "big", signed=True)
+    if attributes is not None:
+        buf[21:23] = attributes.to_bytes(2, "big")
+    buf[17:21] = records.crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
+    return bytes(buf)
+
+
+def test_a_header_claiming_a_later_max_than_its_records_is_made_exact(raw: Raw) -> None:
+    """Past the topic's after bound the records are decoded (they are within it): the
+    stored header then says what they say, so MAX_TIMESTAMP and retention see the truth."""
+    topic = unique("overstated")
+    now = int(time.time() * 1000)
+    blob = build_batch([NewRecord(value=b"a", timestamp=now), NewRecord(value=b"b", timestamp=now + 1)],
+                       now_ms=now)
+    assert produce(raw, topic, {0: _with_header(blob, max_ts=now + 10**9)})[0].error_code is E.none
+    later = build_batch([NewRecord(value=b"c", timestamp=now + 200)], now_ms=now + 200)
+    assert produce(raw, topic, {0: later})[0].error_code is E.none
+    assert [h.max_timestamp for h in _stored_headers(raw, topic)] == [now + 1, now + 200]
+    newest = list_offsets(raw, topic, {0: -3})[0]
+    assert (newest.offset, newest.timestamp) == (2, now + 200)
+
+
+def _create(raw: Raw, topic: str, configs: dict[str, str]) -> None:
+    response = raw.call(19, 4, topics=[{"name": topic, "num_partitions": 1,
+                                        "replication_factor": 1, "assignments": [],
+                                        "configs": [{"name": k, "value": v}
+                                                    for k, v in configs.items()]}],
+                        timeout=datetime.timedelta(seconds=5), validate_only=False)
+    assert response.topics[0].error_code is E.none
+
+
+def _lat_batch(now: int) -> bytes:
+    blob = build_batch([NewRecord(value=b"a", timestamp=now - 5),
+                        NewRecord(value=b"b", timestamp=now)], now_ms=now - 5)
+    return _with_header(blob, attributes=records.TIMESTAMP_TYPE_LOG_APPEND)
+
+
+def test_the_log_append_time_bit_from_a_client_is_refused_on_a_log_append_time_topic(
+        raw: Raw) -> None:
+    topic = unique("lat-bit")
+    _create(raw, topic, {"message.timestamp.type": "LogAppendTime"})
+    got = produce(raw, topic, {0: _lat_batch(int(time.time() * 1000))})[0]
+    assert got.error_code is E.invalid_timestamp
+    assert [e.batch_index for e in got.record_errors] == [0, 1]
+    assert list_offsets(raw, topic, {0: -1})[0].offset == 0  # nothing stored
+
+
+def test_the_log_append_time_bit_from_a_client_is_cleared_on_a_create_time_topic(
+        raw: Raw) -> None:
+    """Kafka keeps the batch as CreateTime, so its records keep their own timestamps."""
+    topic = unique("lat-bit-ct")
+    _create(raw, topic, {"message.timestamp.type": "CreateTime"})
+    now = int(time.time() * 1000)
+    assert produce(raw, topic, {0: _lat_batch(now)})[0].error_code is E.none
+    (header,) = _stored_headers(raw, topic)
+    assert not header.log_append_time and header.max_timestamp == now
+    assert [r.timestamp for r in records.iter_records(
+        parts_of(fetch(raw, topic, {0: 0}))[0].records)] == [now - 5, now]
