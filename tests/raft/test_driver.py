@@ -620,6 +620,12 @@ def test_one_member_failed_fsync_answers_no_write_and_refuses_later_ones(tmp_pat
     assert later[0].check(StorageFailure)
 
 
+def _snapshot_trees(directory, indexes) -> None:
+    for i in indexes:
+        (directory / f"{i:020d}").mkdir()
+        (directory / f"{i:020d}" / "snapshot.json").write_text("{}")
+
+
 def test_pruning_snapshots_keeps_the_one_the_core_serves_and_files_in_transit(tmp_path):
     """Snapshot trees share their directory with tar files being sent or received; pruning
     removes only older numbered trees, never the one the core still sends to followers."""
@@ -628,9 +634,7 @@ def test_pruning_snapshots_keeps_the_one_the_core_serves_and_files_in_transit(tm
     cl = Cluster(tmp_path)
     p = cl.stores[cl.wait_leader()].proposer
     d = p.snapshot_dir
-    for i in (5, 7, 9):
-        (d / f"{i:020d}").mkdir()
-        (d / f"{i:020d}" / "snapshot.json").write_text("{}")
+    _snapshot_trees(d, (5, 7, 9))
     (d / "snapshot-abc.tar").write_bytes(b"x")
     (d / "incoming-3.tar").write_bytes(b"y")
     driver, p.driver = p.driver, SimpleNamespace(node=SimpleNamespace(snapshot_index=5))
@@ -650,9 +654,7 @@ def test_a_snapshot_being_sent_to_a_follower_is_not_pruned_until_released(tmp_pa
     cl = Cluster(tmp_path)
     p = cl.stores[cl.wait_leader()].proposer
     d = p.snapshot_dir
-    for i in (5, 7, 9):
-        (d / f"{i:020d}").mkdir()
-        (d / f"{i:020d}" / "snapshot.json").write_text("{}")
+    _snapshot_trees(d, (5, 7, 9))
     assert p.hold_snapshot(7) == d / f"{7:020d}" and p.hold_snapshot(7) is not None
     assert p.hold_snapshot(8) is None
     driver, p.driver = p.driver, SimpleNamespace(node=SimpleNamespace(snapshot_index=9))

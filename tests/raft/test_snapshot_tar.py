@@ -181,6 +181,21 @@ class _Reactor:
             f(*args)
 
 
+def _unpacking(pipe: TarPipe, final: Path) -> tuple[threading.Thread, list]:
+    """``unpack`` on a thread of its own, as the follower runs it; its error lands in the list."""
+    errors: list = []
+
+    def run() -> None:
+        try:
+            unpack(pipe, final)
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, errors
+
+
 def test_a_follower_unpacks_the_stream_as_it_arrives_pausing_its_link_when_behind(tmp_path):
     files = _tree(tmp_path / "snap")
     data = b"".join(plan(tmp_path / "snap").chunks())
@@ -190,20 +205,12 @@ def test_a_follower_unpacks_the_stream_as_it_arrives_pausing_its_link_when_behin
                    call_in_reactor=reactor, high=256 * 1024, low=64 * 1024)
     final = tmp_path / "snapshots" / f"{9:020d}"
     final.parent.mkdir()
-    errors: list = []
-
-    def run() -> None:
-        try:
-            unpack(pipe, final)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
 
     for pos in range(0, len(data), 100_000):  # arrives before the reader starts: it pauses
         pipe.write(data[pos:pos + 100_000])
     pipe.close()
     assert events[:1] == ["pause"]
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, errors = _unpacking(pipe, final)
     thread.join(30)
     reactor.run()
     assert not errors and not thread.is_alive()
@@ -219,16 +226,8 @@ def test_an_aborted_transfer_leaves_no_partial_tree(tmp_path):
     reactor = _Reactor()
     pipe = TarPipe(pause=lambda: None, resume=lambda: None, call_in_reactor=reactor)
     final = tmp_path / f"{9:020d}"
-    errors: list = []
 
-    def run() -> None:
-        try:
-            unpack(pipe, final)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, errors = _unpacking(pipe, final)
     pipe.write(data[:len(data) // 2])
     pipe.abort()  # the link went away half way
     thread.join(30)
