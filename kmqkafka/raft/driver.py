@@ -51,7 +51,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Protocol, Sequence
 
-from twisted.internet.defer import Deferred, FirstError, fail, gatherResults, succeed
+from twisted.internet.defer import (CancelledError, Deferred, FirstError, fail, gatherResults,
+                                    succeed)
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -68,6 +69,8 @@ log = Logger()
 
 _EARLY = (Append, Heartbeat)  # a leader sends these before its own save (see ``_process``)
 HOLD_MAX_S = 5.0  # longest a leader holds proposals for a lagging follower at a time
+FETCH_BACKOFF_MIN_S = 0.5  # first wait before fetching a snapshot again after a failed download
+FETCH_BACKOFF_MAX_S = 30.0
 
 IORunner = Callable[..., Deferred]
 
@@ -133,7 +136,9 @@ class RaftDriver:
         self._scheduled = False
         self._stopped = False
         self._ticker: LoopingCall | None = None
-        self._fetching: set[int] = set()
+        self._fetching: tuple[int, int, Deferred] | None = None  # (term, from, download)
+        self._fetch_backoff = FETCH_BACKOFF_MIN_S
+        self._fetch_retry_at = 0.0
         self._applied_waiters: list[tuple[int, Deferred]] = []
         self._idle: list[Deferred] = []
         self._transfers: list[tuple[Deferred, Any]] = []  # (waiter, timeout call)
@@ -157,10 +162,13 @@ class RaftDriver:
         self._ticker.start(self._tick_s, now=True).addErrback(self._fatal)
 
     def stop(self) -> Deferred:
-        """Stop ticking and taking input; fires once the outstanding Ready is done."""
+        """Stop ticking and taking input (a snapshot download in progress is abandoned); fires
+        once the outstanding Ready is done."""
         self._stopped = True
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
+        if self._fetching is not None:
+            self._fetching[2].cancel()
         if not self._busy:
             return succeed(None)
         d: Deferred = Deferred()
@@ -234,25 +242,49 @@ class RaftDriver:
             d.callback(leader)
 
     def _fetch(self, message: InstallSnapshot) -> None:
-        index = message.snapshot.meta.index
-        if index in self._fetching:
+        """Fetch the files of the snapshot ``message`` names, then step it into the core.
+
+        One download at a time: the leader repeats InstallSnapshot every election timeout,
+        naming its newest snapshot, and a full download for each filled the follower's disk
+        with trees it never installed and made catch-up take many times longer. A download
+        from an older term's leader (possibly frozen or gone: the transport times out a link
+        that stops sending) gives way to the newer one. After a failure the next attempt waits
+        ``_fetch_backoff`` seconds (doubling up to ``FETCH_BACKOFF_MAX_S``): a follower whose
+        disk is full must not make the leader stream its store twice a second."""
+        current = self._fetching
+        if current is not None:
+            term, _frm, d = current
+            if message.term <= term:
+                return
+            d.cancel()  # a newer leader's snapshot: drop the old download
+        if self._clock.seconds() < self._fetch_retry_at:
             return
-        self._fetching.add(index)
+        index = message.snapshot.meta.index
         log.info("fetching snapshot {index} from node {frm}", index=index, frm=message.frm)
+        d = self._transport.fetch_snapshot(message.frm, message.snapshot)
+        entry = (message.term, message.frm, d)
+        self._fetching = entry
 
         def fetched(_: object) -> None:
-            self._fetching.discard(index)
+            if self._fetching is entry:
+                self._fetching = None
+            self._fetch_backoff = FETCH_BACKOFF_MIN_S
+            self._fetch_retry_at = 0.0
             if not self._stopped:
                 self.node.step(message)
                 self._kick()
 
         def failed(f: Failure) -> None:
-            self._fetching.discard(index)
+            if self._fetching is entry:
+                self._fetching = None
+            if f.check(CancelledError):
+                return
+            self._fetch_retry_at = self._clock.seconds() + self._fetch_backoff
+            self._fetch_backoff = min(self._fetch_backoff * 2, FETCH_BACKOFF_MAX_S)
             log.warn("snapshot {index} fetch from {frm} failed: {why}", index=index,
                      frm=message.frm, why=f.getErrorMessage())
 
-        self._transport.fetch_snapshot(message.frm, message.snapshot).addCallbacks(
-            fetched, failed)
+        d.addCallbacks(fetched, failed)
 
     # ------------------------------------------------------------------ state for callers
 

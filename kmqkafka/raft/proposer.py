@@ -254,6 +254,7 @@ class RaftProposer:
         self._outbox: list[_Pending] = []               # leader: proposals for the next Ready
         self._live: deque[_Pending] = deque()           # every proposal, by deadline
         self._held_snapshots: dict[int, int] = {}       # snapshot index -> streams sending it
+        self._kept_snapshot = 0                         # the newest ``prune_snapshots`` kept
         self._sweep_s = max(min(propose_timeout_s / 4, 0.5), 0.001)
         self._sweeper: IDelayedCall | None = None
         self.group_entries = 0
@@ -310,6 +311,7 @@ class RaftProposer:
         committed (for a cluster of one: every entry in its log) is applied again.
         """
         self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        self._remove_partial_snapshots()
         storage = self._storage_override or DiskStorage.open(self.raft_dir,
                                                              roll_bytes=self._wal_roll)
         self.storage = storage
@@ -337,6 +339,16 @@ class RaftProposer:
         log.info("raft node {id} of {voters} starting: replay to {target}, checkpoint {ckpt}",
                  id=self.node_id, voters=sorted(voters), target=target, ckpt=self._skip_to)
         return self.driver.wait_applied(target)
+
+    def _remove_partial_snapshots(self) -> None:
+        """A snapshot download cut short (a crash, a stop, a leader that went away) leaves a
+        ``<index>.part`` tree, or from older versions an ``incoming-<index>.tar``; none is in
+        progress at start-up, and a later download of another index would never remove it."""
+        for entry in self.snapshot_dir.iterdir():
+            if entry.name.endswith(".part") and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith("incoming-") and entry.name.endswith(".tar"):
+                entry.unlink(missing_ok=True)
 
     def _adopt_checkpoint(self, storage: Any) -> None:
         """A one-member cluster that crashed after a write-through checkpoint but before the
@@ -747,12 +759,16 @@ class RaftProposer:
         return path
 
     def release_snapshot(self, index: int) -> None:
-        """One ``hold_snapshot`` of ``index`` is over (the next prune may remove the tree)."""
+        """One ``hold_snapshot`` of ``index`` is over; the last one removes the tree unless it
+        is still the newest taken or the one the Raft core sends."""
         left = self._held_snapshots.get(index, 0) - 1
         if left > 0:
             self._held_snapshots[index] = left
-        else:
-            self._held_snapshots.pop(index, None)
+            return
+        self._held_snapshots.pop(index, None)
+        core = self.driver.node.snapshot_index if self.driver is not None else 0
+        if index not in (self._kept_snapshot, core):
+            shutil.rmtree(self.snapshot_dir / f"{index:020d}", ignore_errors=True)
 
     # ------------------------------------------------------------------ Application (driver)
 
@@ -1013,8 +1029,11 @@ class RaftProposer:
         return self.snapshot_path(_ref_index(snapshot.data)) is not None
 
     def restore(self, snapshot: Snapshot) -> None:
-        """Install a snapshot the leader sent (files fetched already). Blocking, rare."""
+        """Install a snapshot the leader sent (files fetched already). Blocking, rare. Other
+        snapshot trees go: this node serves the one it installed, and trees fetched earlier
+        would only fill its disk."""
         self._restore_files(snapshot)
+        self.prune_snapshots(keep=_ref_index(snapshot.data))
         for index in [i for i in self._waiting if i <= snapshot.meta.index]:
             for p in self._waiting.pop(index):
                 self._fail(p, CommitTimeout(f"entry {index} covered by an installed snapshot"))
@@ -1059,6 +1078,7 @@ class RaftProposer:
         the numbered trees: the directory also holds trees being received (``.part``). A
         tree being sent to a follower (``hold_snapshot``) stays until a prune after its
         release."""
+        self._kept_snapshot = keep
         core = self.driver.node.snapshot_index if self.driver is not None else 0
         for old in self.snapshot_dir.iterdir():
             if (old.is_dir() and old.name.isdigit()

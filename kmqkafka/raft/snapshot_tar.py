@@ -118,6 +118,7 @@ class TarPipe:
         self._high, self._low = high, low
         self._queue: deque[bytes] = deque()
         self._queued = 0
+        self.progress = 0  # bytes written plus bytes read: grows while the transfer moves
         self._paused = False
         self._closed = False
         self._aborted = False
@@ -130,6 +131,7 @@ class TarPipe:
                 return
             self._queue.append(bytes(data))
             self._queued += len(data)
+            self.progress += len(data)
             self._cv.notify()
             if self._queued > self._high and not self._paused:
                 self._paused = True
@@ -163,6 +165,7 @@ class TarPipe:
                 self._queue.appendleft(chunk[size:])
                 chunk = chunk[:size]
             self._queued -= len(chunk)
+            self.progress += len(chunk)
             if self._paused and self._queued < self._low:
                 self._paused = False
                 self._call(self._resume)

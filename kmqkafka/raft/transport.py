@@ -67,6 +67,7 @@ _U64 = struct.Struct(">Q")
 _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
 RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
+FETCH_STALL_S = 30.0  # a snapshot download that moves no byte for this long fails
 
 
 class _Link(protocol.Protocol):
@@ -469,7 +470,7 @@ class RaftTransport:
             return fail(TransportError(f"unknown node {frm}"))
         index = int(snapshot.data.split(b":")[1])
         dest_dir: Path = self._receiver.snapshot_dir
-        result: Deferred = Deferred()
+        result: Deferred = Deferred(lambda _d: fetch.error("the download was cancelled"))
         fetch = _Fetch(self, index, dest_dir, result)
         factory = protocol.ClientFactory()
 
@@ -595,6 +596,20 @@ class _Fetch:
         self.link: _Link | None = None
         self.start: Any = None
         self.pipe: TarPipe | None = None
+        self._progress = 0
+        self._watch = owner._reactor.callLater(FETCH_STALL_S, self._check_progress)
+
+    def _check_progress(self) -> None:
+        """Every ``FETCH_STALL_S``: a download that moved no byte since the last look (a
+        frozen leader, a link that hangs without closing) fails, so the follower can take the
+        next leader's snapshot instead of waiting for it forever."""
+        self._watch = None
+        progress = self.pipe.progress if self.pipe is not None else 0
+        if progress == self._progress:
+            self.error(f"no snapshot data for {FETCH_STALL_S:.0f} s")
+            return
+        self._progress = progress
+        self._watch = self.owner._reactor.callLater(FETCH_STALL_S, self._check_progress)
 
     def begin(self, size: int) -> TarPipe:
         reactor = self.owner._reactor
@@ -642,6 +657,9 @@ class _Fetch:
         self._done(Failure(TransportError(f"snapshot link lost: {reason.getErrorMessage()}")))
 
     def _done(self, outcome: Any) -> None:
+        if self._watch is not None and self._watch.active():
+            self._watch.cancel()
+        self._watch = None
         if self.result.called:
             return
         if isinstance(outcome, Failure):

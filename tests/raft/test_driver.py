@@ -16,7 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from kmqkafka.raft.errors import NoLeaderError, NotLeaderError
-from kmqkafka.raft.messages import ELIDED, InstallSnapshot, Stored
+from kmqkafka.raft.messages import ELIDED, InstallSnapshot, Snapshot, SnapshotMeta, Stored
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
 from kmqkafka.store.errors import ChannelExists, StoreStopped
@@ -716,3 +716,91 @@ def test_a_leader_holds_proposals_rather_than_send_a_lagging_follower_a_snapshot
     assert all(d.called for d in acks) and not snapshots_sent
     expect = values(ls, "kafka.h")
     assert len(expect) == 80 and values(cl.stores[slow], "kafka.h") == expect
+
+
+class _Downloads:
+    """A transport whose snapshot downloads finish when the test says (``Deferred``s)."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[int, int, Deferred]] = []
+
+    def fetch_snapshot(self, frm: int, snapshot: Snapshot) -> Deferred:
+        d: Deferred = Deferred()
+        self.started.append((frm, snapshot.meta.index, d))
+        return d
+
+    def send(self, messages) -> None:  # noqa: ANN001 - unused here
+        pass
+
+
+def _lagging_follower(clock: Clock, transport: _Downloads):
+    """A driver whose core (a stand-in) is far behind every snapshot offered to it."""
+    from types import SimpleNamespace
+
+    from kmqkafka.raft.driver import RaftDriver
+
+    stepped: list = []
+    node = SimpleNamespace(term=1, commit_index=0, step=stepped.append, voters={1, 2, 3})
+    app = SimpleNamespace(has_snapshot=lambda snap: False)
+    driver = RaftDriver(node, SimpleNamespace(), app, transport, clock, lambda f, *a: None)
+    driver._kick = lambda: None
+    return driver, node, stepped
+
+
+def _install(frm: int, term: int, index: int) -> InstallSnapshot:
+    return InstallSnapshot(frm=frm, to=2, term=term, snapshot=Snapshot(
+        SnapshotMeta(index, term, frozenset({1, 2, 3})), b"kmq-snapshot:%d" % index))
+
+
+def test_a_follower_downloads_one_snapshot_at_a_time(tmp_path):
+    """The leader repeats InstallSnapshot every election timeout (naming newer snapshots as it
+    compacts): a download for each filled the follower's disk with trees it never installed."""
+    clock, transport = Clock(), _Downloads()
+    driver, node, stepped = _lagging_follower(clock, transport)
+    driver.step(_install(1, 1, 100))
+    driver.step(_install(1, 1, 100))
+    driver.step(_install(1, 1, 120))  # the same leader, a newer snapshot: wait for the first
+    assert [(f, i) for f, i, _ in transport.started] == [(1, 100)]
+    transport.started[0][2].callback(None)
+    assert [m.snapshot.meta.index for m in stepped] == [100]
+    driver.step(_install(1, 1, 120))  # the next one starts once the first is done
+    assert [(f, i) for f, i, _ in transport.started] == [(1, 100), (1, 120)]
+
+
+def test_a_newer_leaders_snapshot_replaces_a_stalled_download(tmp_path):
+    clock, transport = Clock(), _Downloads()
+    driver, node, stepped = _lagging_follower(clock, transport)
+    driver.step(_install(1, 1, 100))
+    node.term = 2
+    driver.step(_install(3, 2, 100))  # node 1 froze; node 3 leads term 2 with the same index
+    first, second = transport.started
+    assert first[2].called and second[:2] == (3, 100)  # the old download was cancelled
+    second[2].callback(None)
+    assert [m.frm for m in stepped] == [3]
+
+
+def test_a_failed_download_is_retried_after_a_growing_backoff(tmp_path):
+    from kmqkafka.raft.driver import FETCH_BACKOFF_MIN_S
+
+    clock, transport = Clock(), _Downloads()
+    driver, node, stepped = _lagging_follower(clock, transport)
+    for attempt in range(3):
+        driver.step(_install(1, 1, 100))
+        assert len(transport.started) == attempt + 1
+        transport.started[-1][2].errback(OSError(28, "No space left on device"))
+        driver.step(_install(1, 1, 100))  # at once: still waiting
+        assert len(transport.started) == attempt + 1
+        clock.advance(FETCH_BACKOFF_MIN_S * 2 ** attempt)
+    assert stepped == []
+
+
+def test_a_download_cut_short_leaves_nothing_behind_after_a_restart(tmp_path):
+    cl = Cluster(tmp_path)
+    cl.wait_leader()
+    snapshots = cl.stores[2].proposer.snapshot_dir
+    cl.crash(2)
+    (snapshots / f"{367:020d}.part" / "channels").mkdir(parents=True)  # a killed download
+    (snapshots / "incoming-300.tar").write_bytes(b"x")  # an older version's
+    cl.boot(2)
+    cl.run(1)
+    assert sorted(p.name for p in snapshots.iterdir()) == []

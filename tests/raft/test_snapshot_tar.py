@@ -233,3 +233,46 @@ def test_an_aborted_transfer_leaves_no_partial_tree(tmp_path):
     thread.join(30)
     assert errors and isinstance(errors[0], OSError)
     assert not final.exists() and not (tmp_path / (final.name + ".part")).exists()
+
+
+def _fetching(tmp_path: Path):
+    """A transport on a fake reactor, and a snapshot download from node 2 it has started."""
+    import random
+    from types import SimpleNamespace
+
+    from twisted.internet.testing import MemoryReactorClock
+
+    from kmqkafka.raft.messages import Snapshot, SnapshotMeta
+    from kmqkafka.raft.transport import RaftTransport
+
+    peers = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002)}
+    reactor = MemoryReactorClock()
+    t = RaftTransport(1, peers[1], peers, reactor, random.Random(0), run_io=None)
+    t.start(SimpleNamespace(snapshot_dir=tmp_path))
+    snap = Snapshot(SnapshotMeta(9, 1, frozenset({1, 2})), b"kmq-snapshot:9")
+    return reactor, t.fetch_snapshot(2, snap)
+
+
+def test_a_download_that_moves_no_byte_fails_after_the_stall_timeout(tmp_path: Path) -> None:
+    """A frozen leader (or a link that hangs without closing) must not hold the follower's
+    catch-up forever: the next leader's snapshot can only be fetched once this one gave up."""
+    from kmqkafka.raft.errors import TransportError
+    from kmqkafka.raft.transport import FETCH_STALL_S
+
+    reactor, d = _fetching(tmp_path)
+    failures: list = []
+    d.addErrback(failures.append)
+    reactor.advance(FETCH_STALL_S - 1)
+    assert not failures
+    reactor.advance(1)
+    assert failures and failures[0].check(TransportError)
+    assert "no snapshot data" in failures[0].getErrorMessage()
+
+
+def test_a_cancelled_download_stops(tmp_path: Path) -> None:
+    reactor, d = _fetching(tmp_path)
+    failures: list = []
+    d.addErrback(failures.append)
+    d.cancel()
+    assert failures
+    assert not reactor.getDelayedCalls()  # the stall timer went with it
