@@ -51,8 +51,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Protocol, Sequence
 
-from twisted.internet.defer import (CancelledError, Deferred, FirstError, fail, gatherResults,
-                                    succeed)
+from twisted.internet.defer import Deferred, FirstError, fail, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -168,7 +167,8 @@ class RaftDriver:
         if self._ticker is not None and self._ticker.running:
             self._ticker.stop()
         if self._fetching is not None:
-            self._fetching[2].cancel()
+            download, self._fetching = self._fetching[2], None
+            download.cancel()
         if not self._busy:
             return succeed(None)
         d: Deferred = Deferred()
@@ -256,7 +256,8 @@ class RaftDriver:
             term, _frm, d = current
             if message.term <= term:
                 return
-            d.cancel()  # a newer leader's snapshot: drop the old download
+            self._fetching = None  # a newer leader's snapshot: drop the old download
+            d.cancel()
         if self._clock.seconds() < self._fetch_retry_at:
             return
         index = message.snapshot.meta.index
@@ -275,10 +276,9 @@ class RaftDriver:
                 self._kick()
 
         def failed(f: Failure) -> None:
-            if self._fetching is entry:
-                self._fetching = None
-            if f.check(CancelledError):
+            if self._fetching is not entry:  # cancelled: given up for another, or stopping
                 return
+            self._fetching = None
             self._fetch_retry_at = self._clock.seconds() + self._fetch_backoff
             self._fetch_backoff = min(self._fetch_backoff * 2, FETCH_BACKOFF_MAX_S)
             log.warn("snapshot {index} fetch from {frm} failed: {why}", index=index,

@@ -15,7 +15,7 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from kmqkafka.raft.errors import NoLeaderError, NotLeaderError
+from kmqkafka.raft.errors import NoLeaderError, NotLeaderError, TransportError
 from kmqkafka.raft.messages import ELIDED, InstallSnapshot, Snapshot, SnapshotMeta, Stored
 from kmqkafka.raft.proposer import Member, RaftProposer
 from kmqkafka.records import NewRecord, build_batch, iter_records
@@ -725,7 +725,8 @@ class _Downloads:
         self.started: list[tuple[int, int, Deferred]] = []
 
     def fetch_snapshot(self, frm: int, snapshot: Snapshot) -> Deferred:
-        d: Deferred = Deferred()
+        # Cancelled, it fails as the real transport's does (not with CancelledError).
+        d: Deferred = Deferred(lambda d: d.errback(TransportError("the download was cancelled")))
         self.started.append((frm, snapshot.meta.index, d))
         return d
 
