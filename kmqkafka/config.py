@@ -150,6 +150,10 @@ Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0"
     Setting("raft_election_ticks", "KMQKAFKA_RAFT_ELECTION_TICKS", "raft-election-ticks",
             "server", "raft_election_ticks", "posint", 10,
             "Raft election timeout in ticks (randomized up to twice this)"),
+    Setting("raft_preallocate", "KMQKAFKA_RAFT_PREALLOCATE", "raft-preallocate", "server",
+            "raft_preallocate", "bool", True,
+            "a cluster member writes its Raft log's spare files (4 x 32 MiB of zeros) in the "
+            "background at start, so its first writes reuse blocks and pages as later ones do"),
 )
 
 
@@ -274,6 +278,7 @@ class Settings:
     raft_bind_host: str = ""
     raft_tick_ms: int = 100
     raft_election_ticks: int = 10
+    raft_preallocate: bool = True
     config_file: Path | None = None
     file_tables: Mapping[str, Any] = field(default_factory=dict)
 

@@ -156,7 +156,8 @@ def raft_proposer_factory(settings: Settings, reactor: Any) -> Callable[..., Any
         return RaftProposer(
             machine, clock, run_io, node_id=node_id, members=members, transport=transport,
             raft_dir=settings.data_dir / "raft", rng=rng, run_raft_io=run_raft_io,
-            tick_s=settings.raft_tick_ms / 1000, election_ticks=settings.raft_election_ticks)
+            tick_s=settings.raft_tick_ms / 1000, election_ticks=settings.raft_election_ticks,
+            preallocate=settings.raft_preallocate)
 
     return factory
 

@@ -216,6 +216,8 @@ def start_broker(
         "KMQKAFKA_HTTP_PORT": str(http_port),
         "KMQKAFKA_HTTP_HOST": HOST,
         "KMQKAFKA_DATA_DIR": str(data_dir),
+        # 128 MiB of zeros per cluster node: tests that want them ask (test_kafka_cluster).
+        "KMQKAFKA_RAFT_PREALLOCATE": "false",
     })
     full_env.update(env or {})
     kafka_port = int(full_env["CONNECTORS_KAFKA_PORT"])

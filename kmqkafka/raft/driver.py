@@ -68,6 +68,7 @@ log = Logger()
 
 _EARLY = (Append, Heartbeat)  # a leader sends these before its own save (see ``_process``)
 HOLD_MAX_S = 5.0  # longest a leader holds proposals for a lagging follower at a time
+PREPARE_PAUSE_S = 0.02  # between two steps of preparing free Raft log files
 FETCH_BACKOFF_MIN_S = 0.5  # first wait before fetching a snapshot again after a failed download
 FETCH_BACKOFF_MAX_S = 30.0
 
@@ -121,8 +122,10 @@ class RaftDriver:
         tick_s: float = 0.1,
         compact_entries: int = 10_000,
         compact_bytes: int = 256 << 20,
+        prepare_free: bool = False,
     ) -> None:
         self.node = node
+        self._prepare_free_files = prepare_free
         self.storage = storage
         self._app = app
         self._transport = transport
@@ -155,10 +158,27 @@ class RaftDriver:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        """Start ticking. A sole voter campaigns on its first tick, run at once."""
+        """Start ticking. A sole voter campaigns on its first tick, run at once. With
+        ``prepare_free``, a member of a larger cluster also prepares its Raft log's free files
+        (``storage.prepare_free``), a step at a time between saves, unless it has them."""
         self._ticker = LoopingCall(self.tick)
         self._ticker.clock = self._clock
         self._ticker.start(self._tick_s, now=True).addErrback(self._fatal)
+        if self._prepare_free_files and len(self.node.voters) > 1:
+            self._prepare_free()
+
+    def _prepare_free(self) -> None:
+        if self._stopped or self.failed is not None:
+            return
+
+        def next_step(more: bool) -> None:
+            if more:
+                self._clock.callLater(PREPARE_PAUSE_S, self._prepare_free)
+
+        def failed(f: Failure) -> None:  # only a head start: the log rolls without it
+            log.warn("preparing free raft log files failed: {why}", why=f.getErrorMessage())
+
+        self._run_io(self.storage.prepare_free).addCallbacks(next_step, failed)
 
     def stop(self) -> Deferred:
         """Stop ticking and taking input (a snapshot download in progress is abandoned); fires

@@ -212,6 +212,7 @@ class RaftProposer:
         group_max_bytes: int = 64 << 10,
         transfer_timeout_s: float = 2.0,
         wal_roll_bytes: int = 32 << 20,
+        preallocate: bool = False,
     ) -> None:
         """``members`` (all voters, self included; None or {} = a cluster of one). ``run_io``
         runs store flushes and snapshots off the reactor; ``run_raft_io`` the Raft log writes
@@ -222,7 +223,9 @@ class RaftProposer:
         it only bounds crash replay. Commands smaller than ``group_max_bytes`` proposed
         together share one Raft entry. A leader of a multi-node cluster that stops hands
         leadership to its most up-to-date follower first, waiting at most
-        ``transfer_timeout_s`` (and as long again for its own pending proposals to apply)."""
+        ``transfer_timeout_s`` (and as long again for its own pending proposals to apply).
+        With ``preallocate`` a member of a larger cluster writes its Raft log's spare files
+        in the background at start (``DiskStorage.prepare_free``)."""
         self.machine = machine
         self.node_id = node_id
         self.members = dict(members or {})
@@ -235,6 +238,7 @@ class RaftProposer:
         self._tick_s = tick_s
         self._election_ticks = election_ticks
         self._election_s = tick_s * election_ticks
+        self._preallocate = preallocate
         self._led_term: int | None = None  # the term this node leads, if it does
         self._timeout = propose_timeout_s
         if compact_bytes is None:
@@ -329,7 +333,8 @@ class RaftProposer:
         self._skip_to = self.machine.last_applied
         self.driver = RaftDriver(node, storage, self, self._transport, self._clock,
                                  self._run_raft_io, tick_s=self._tick_s,
-                                 compact_entries=self._compact[0], compact_bytes=self._compact[1])
+                                 compact_entries=self._compact[0], compact_bytes=self._compact[1],
+                                 prepare_free=self._preallocate)
         if self._transport is not None:
             self._transport.start(self)
         target = storage.hard_state.commit

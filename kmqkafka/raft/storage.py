@@ -91,6 +91,7 @@ _U64 = struct.Struct(">Q")
 T_ENTRY, T_HARD, T_SNAP, T_COMPACT, T_FILE, T_STATE = 1, 2, 3, 4, 5, 6
 FREE = "wal-free"
 KEEP_FREE = 4  # freed files kept for reuse
+PREPARE_STEP = 8 << 20  # bytes of a new free file written per ``prepare_free`` call
 _MAX_RECORD = 1 << 31
 ROLL_BYTES = 64 << 20
 _IOV_MAX = 512  # buffers per pwritev call (IOV_MAX is 1024 on Linux)
@@ -494,6 +495,38 @@ class DiskStorage:
         self._files = keep + self._files[-1:]
         if gone:
             fsync_dir(self.directory)
+
+    def prepare_free(self) -> bool:
+        """Write one step (``PREPARE_STEP`` bytes of zeros) of a new free file, until
+        ``KEEP_FREE`` full-size ones wait; returns whether more steps are due. A node that
+        starts empty then writes its first Raft log records into blocks and pages it already
+        owns, as every roll after its first compactions does (see Recycling): the first
+        produce run on a fresh cluster ran at two thirds of the later ones. A file is grown
+        as ``wal-free.part`` (removed by ``open`` if a crash cut it short), fdatasynced, and
+        renamed ``wal-free.new-<n>`` once full. Blocking (I/O thread), between saves."""
+        if len(self._free) >= KEEP_FREE:
+            return False
+        part = self.directory / f"{FREE}.part"
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            step = min(PREPARE_STEP, self.roll_bytes - size)
+            if step > 0:
+                os.pwrite(fd, bytes(step), size)
+                size += step
+            if size < self.roll_bytes:
+                return True
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        n = 1
+        while (self.directory / f"{FREE}.new-{n}").exists():
+            n += 1
+        free = self.directory / f"{FREE}.new-{n}"
+        os.replace(part, free)
+        fsync_dir(self.directory)
+        self._free.append(free)
+        return len(self._free) < KEEP_FREE
 
     def restart_at(self, snapshot: Snapshot, hard_state: HardState) -> None:
         """Start-up only (blocking): the application's durable state is at ``snapshot``,

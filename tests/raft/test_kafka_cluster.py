@@ -93,7 +93,9 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("kafka-cluster"))
+    # The default spare-file preparation runs here (start_broker turns it off elsewhere).
+    c = Cluster(tmp_path_factory.mktemp("kafka-cluster"),
+                env={"KMQKAFKA_RAFT_PREALLOCATE": "true"})
     try:
         c.leader()
         yield c
@@ -420,6 +422,21 @@ def raft_metric(broker: Any, name: str, **labels: str) -> float | None:
         if key == want:
             return float(value)
     return None
+
+
+def test_every_node_prepares_its_raft_log_spare_files(cluster: Cluster):
+    """Four spare Raft log files of full size (zeros) per node, written in the background at
+    start, so a new cluster's first writes reuse blocks and pages as later ones do."""
+    deadline = time.monotonic() + 60
+    while True:
+        sizes = {i: sorted(p.stat().st_size for p in (b.data_dir / "raft").glob("wal-free.*"))
+                 for i, b in cluster.live().items()}
+        if all(len(s) >= 4 and s[0] == s[-1] == 32 << 20 for s in sizes.values()):
+            break
+        assert time.monotonic() < deadline, sizes
+        time.sleep(0.5)
+    assert not any((b.data_dir / "raft" / "wal-free.part").exists()
+                   for b in cluster.live().values())
 
 
 def test_describe_quorum_through_any_node(cluster: Cluster):

@@ -228,3 +228,39 @@ def test_a_vote_for_node_0_survives_a_restart_and_old_records_still_read(tmp_pat
     legacy = wal._frame(wal._HARD.pack(wal.T_HARD, 5, 0, 0), st._files[-1].seed)
     st._write([legacy])
     assert reopen(st).hard_state == HardState(5, None, 0)
+
+
+def test_prepared_free_files_are_what_the_first_rolls_reuse(tmp_path, monkeypatch):
+    """A fresh log prepares its free files a step at a time (zeros, full size); the first rolls
+    then reuse them, and the zeros behind the records stop recovery like any torn tail."""
+    from kmqkafka.raft import storage as storage_module
+
+    monkeypatch.setattr(storage_module, "PREPARE_STEP", 128)
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=300)
+    steps = 1
+    while st.prepare_free():
+        steps += 1
+        assert steps < 100
+    assert steps == storage_module.KEEP_FREE * 3  # 300 bytes in steps of 128
+    free = sorted(p.name for p in (tmp_path / "raft").iterdir() if p.name.startswith("wal-free"))
+    assert free == [f"wal-free.new-{n}" for n in range(1, storage_module.KEEP_FREE + 1)]
+    assert all((tmp_path / "raft" / n).stat().st_size == 300 for n in free)
+    assert not st.prepare_free()  # enough of them
+    for i in range(1, 31, 3):
+        st.save(Ready(entries=ents(i, i + 2), hard_state=HardState(1, 1, i + 2)))
+    assert st.recycled >= 3
+    again = reopen(st)
+    assert [e.index for e in again.entries] == list(range(1, 31))
+    assert again.hard_state == HardState(1, 1, 30)
+
+
+def test_a_free_file_cut_short_by_a_crash_is_removed_at_open(tmp_path, monkeypatch):
+    from kmqkafka.raft import storage as storage_module
+
+    monkeypatch.setattr(storage_module, "PREPARE_STEP", 128)
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=300)
+    assert st.prepare_free()  # one step of the first file: a part file
+    assert (tmp_path / "raft" / "wal-free.part").exists()
+    st.close()
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=300)
+    assert not (tmp_path / "raft" / "wal-free.part").exists() and st._free == []
