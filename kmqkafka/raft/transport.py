@@ -7,8 +7,12 @@ and requests on its *outgoing* connection; replies come back on the same connect
 peer is unreachable its messages are dropped (Raft retransmits) and requests fail at once with
 ``TransportError``.
 
-Liveness (``live_peers``): a peer counts as live while this node's outgoing link to it is up
-or a Raft message from it arrived recently; Kafka's Metadata lists only live nodes.
+Liveness (``live_peers``): every node sends each peer a PING every ``ping_s`` on its outgoing
+link, so a node hears from every live peer, followers from each other too. A peer counts as
+live while a frame from it arrived recently, or while this node's outgoing link to it is up
+and it was heard from within ``FROZEN_S``: a hung process (SIGSTOP, a stalled VM) keeps its
+TCP connections open, and is dropped only that way. Kafka's Metadata lists only live nodes
+(it fences a broker that misses its heartbeats), and clients keep asking a listed one.
 
 Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting kind + payload::
 
@@ -20,6 +24,7 @@ Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting 
     6 SNAPSHOT_TAR  u64 size, then ``size`` raw bytes: an uncompressed tar of the tree
                     (``u32 length`` is 9 for this kind; the raw bytes follow the frame)
     7 SNAPSHOT_ERR  UTF-8 reason
+    8 PING          u64 sender's node id (liveness; no answer). Unknown kinds are ignored.
 
 Snapshot files travel on a fresh connection per fetch (so a long transfer never delays Raft
 traffic); the server streams the hard-linked snapshot tree as a tar straight from its files
@@ -43,6 +48,7 @@ from typing import Any, Sequence
 
 from twisted.internet import protocol
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.task import LoopingCall
 from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.logger import Logger
@@ -66,7 +72,8 @@ _HEAD = struct.Struct(">IB")
 _U64 = struct.Struct(">Q")
 _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
-RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
+RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR, PING = range(1, 9)
+FROZEN_S = 3.0  # a peer with a link up but silent this long (12 missed pings) is not live
 FETCH_STALL_S = 30.0  # a snapshot download that moves no byte for this long fails
 
 
@@ -231,7 +238,8 @@ class RaftTransport:
     def __init__(self, node_id: int, listen: tuple[str, int], peers: dict[int, tuple[str, int]],
                  reactor: Any, rng: random.Random, run_io: Any, *, tls_server: Any = None,
                  tls_client: Any = None, backoff_min_s: float = 0.05, backoff_max_s: float = 2.0,
-                 max_frame: int = 256 << 20, request_timeout_s: float = 5.0) -> None:
+                 max_frame: int = 256 << 20, request_timeout_s: float = 5.0,
+                 ping_s: float = 0.25) -> None:
         self.node_id = node_id
         self.listen_addr = listen
         self._peers = {i: _Peer(i, h, p) for i, (h, p) in peers.items() if i != node_id}
@@ -248,8 +256,10 @@ class RaftTransport:
         self._next_id = 1
         self._requests: dict[int, tuple[Deferred, int, IDelayedCall]] = {}
         self._incoming: set[_Link] = set()
-        self._heard: dict[int, float] = {}  # peer -> reactor time of its latest Raft message
+        self._heard: dict[int, float] = {}  # peer -> reactor time of its latest frame
         self._stopping = False
+        self._ping_s = ping_s
+        self._pinger: LoopingCall | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -264,9 +274,21 @@ class RaftTransport:
             self._port = self._reactor.listenTCP(port, factory, interface=host)
         for peer in self._peers.values():
             self._connect(peer)
+        if self._peers:
+            self._pinger = LoopingCall(self._ping)
+            self._pinger.clock = self._reactor
+            self._pinger.start(self._ping_s, now=False)
+
+    def _ping(self) -> None:
+        ping = _U64.pack(self.node_id)
+        for peer in self._peers.values():
+            if peer.link is not None:
+                peer.link.send(PING, ping)
 
     def stop(self) -> Deferred:
         self._stopping = True
+        if self._pinger is not None and self._pinger.running:
+            self._pinger.stop()
         for peer in self._peers.values():
             if peer.retry is not None and peer.retry.active():
                 peer.retry.cancel()
@@ -280,13 +302,16 @@ class RaftTransport:
         return maybeDeferred(port.stopListening) if port is not None else succeed(None)
 
     def live_peers(self, within_s: float) -> set[int]:
-        """Peers with a working link: this node's outgoing link to it is up, or a Raft
-        message from it arrived in the last ``within_s`` seconds. The second covers the
-        direction we do not dial (a leader hears its followers on their links) and bridges a
-        reconnect; a killed peer drops out as soon as both go quiet."""
-        live = {i for i, peer in self._peers.items() if peer.link is not None}
-        since = self._reactor.seconds() - within_s
-        live.update(i for i, at in self._heard.items() if at >= since)
+        """Peers with a working link: a frame from it (Raft traffic or its PING) arrived in
+        the last ``within_s`` seconds, or this node's outgoing link to it is up and it was
+        heard from within ``FROZEN_S``. The first bridges a reconnect; the second drops a
+        killed peer as soon as its link goes (``within_s`` 0: the link alone) and a hung one
+        once it has been silent that long, its link up or not."""
+        now = self._reactor.seconds()
+        heard = self._heard
+        live = {i for i, peer in self._peers.items()
+                if peer.link is not None and now - heard.get(i, -FROZEN_S - 1) <= FROZEN_S}
+        live.update(i for i, at in heard.items() if now - at <= within_s)
         return live
 
     # ------------------------------------------------------------------ outgoing
@@ -328,6 +353,7 @@ class RaftTransport:
         peer.connecting = False
         peer.link = link
         peer.backoff = 0.0
+        self._heard[peer.node_id] = self._reactor.seconds()  # it answered: alive just now
         log.info("raft link to node {peer} up", peer=peer.node_id)
 
     def _link_lost(self, link: _Link, reason: Failure) -> None:
@@ -338,6 +364,7 @@ class RaftTransport:
         if peer is None or peer.link is not link:
             return
         peer.link = None
+        self._heard.pop(peer.node_id, None)  # live again at its next frame, not until then
         for rid, (_d, to, _t) in list(self._requests.items()):
             if to == peer.node_id:
                 self._finish(rid, TransportError(f"connection to node {to} lost"))
@@ -422,8 +449,11 @@ class RaftTransport:
         elif kind == SNAPSHOT_ERR:
             if link.on_tar is not None:
                 link.on_tar.error(bytes(payload).decode("utf-8", "replace"))
-        else:
-            raise ValueError(f"unknown frame kind {kind}")
+        elif kind == PING:
+            frm = _U64.unpack_from(payload)[0]
+            if frm in self._peers:
+                self._heard[frm] = self._reactor.seconds()
+        # Any other kind is from a newer version: ignored, so mixed versions keep their links.
 
     def _serve_forward(self, link: _Link, rid: int, data: bytes) -> None:
         try:

@@ -1,6 +1,7 @@
-"""Which Raft members Kafka lists as brokers: the transport's view of live peers (outgoing link
-up, or a Raft message heard within the window) and ``identity``'s rule on top of it (this node
-and the known leader always, the rest only when live; replicas stay all members)."""
+"""Which Raft members Kafka lists as brokers: the transport's view of live peers (a frame heard
+within the window, or the outgoing link up and the peer heard within FROZEN_S: every node
+pings every peer) and ``identity``'s rule on top of it (this node and the known leader always,
+the rest only when live; replicas stay all members)."""
 from __future__ import annotations
 
 import random
@@ -17,7 +18,7 @@ from kmqkafka.kafka.context import Broker
 from kmqkafka.metrics import Metrics
 from kmqkafka.raft.messages import HeartbeatResp, encode
 from kmqkafka.raft.proposer import Member
-from kmqkafka.raft.transport import RAFT, RaftTransport, _HEAD
+from kmqkafka.raft.transport import FROZEN_S, PING, RAFT, RaftTransport, _HEAD
 
 PEERS = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002), 3: ("127.0.0.1", 1003)}
 
@@ -61,6 +62,40 @@ def test_a_peer_heard_on_its_own_link_is_live_for_the_window():
     assert t.live_peers(1.0) == {3}
     reactor.advance(0.2)
     assert t.live_peers(1.0) == set()  # quiet for longer than the window
+
+
+def test_a_node_pings_every_peer_it_has_a_link_to():
+    t, reactor = started_transport()
+    to_2 = dial(reactor, 1002)
+    reactor.advance(0.25)
+    assert to_2.transport.value() == _HEAD.pack(9, PING) + (1).to_bytes(8, "big")
+
+
+def test_a_hung_peer_whose_link_stays_up_drops_out_after_frozen_s():
+    """A SIGSTOPped process keeps its TCP connections open: only its silence shows it."""
+    t, reactor = started_transport()
+    dial(reactor, 1002)
+    incoming = reactor.tcpServers[0][1].buildProtocol(None)
+    incoming.makeConnection(StringTransport())
+    ping_from_2 = _HEAD.pack(9, PING) + (2).to_bytes(8, "big")
+    for _ in range(20):  # pinging: live all along
+        reactor.advance(0.25)
+        incoming.dataReceived(ping_from_2)
+        assert t.live_peers(0.0) == {2}
+    reactor.advance(FROZEN_S - 0.1)  # frozen: its link stays up, nothing arrives
+    assert t.live_peers(0.0) == {2}
+    reactor.advance(0.2)
+    assert t.live_peers(0.0) == set() and t.live_peers(1.0) == set()
+    incoming.dataReceived(ping_from_2)  # thawed
+    assert t.live_peers(0.0) == {2}
+
+
+def test_an_unknown_frame_kind_is_ignored_not_a_reason_to_drop_the_link():
+    t, reactor = started_transport()
+    incoming = reactor.tcpServers[0][1].buildProtocol(None)
+    incoming.makeConnection(StringTransport())
+    incoming.dataReceived(_HEAD.pack(4, 99) + b"new")
+    assert not incoming.transport.disconnecting
 
 
 class _Store:
