@@ -283,7 +283,10 @@ class RaftTransport:
         ping = _U64.pack(self.node_id)
         for peer in self._peers.values():
             if peer.link is not None:
-                peer.link.send(PING, ping)
+                try:
+                    peer.link.send(PING, ping)
+                except Exception:  # one link's trouble must not stop the pings to the others
+                    log.failure("raft: ping to node {peer} failed", peer=peer.node_id)
 
     def stop(self) -> Deferred:
         self._stopping = True
