@@ -100,6 +100,7 @@ class BrokerProcess:
     cwd: Path
     host: str = HOST
     history: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    prefix: tuple[str, ...] = ()  # the wrapper command it runs under, again on restart
 
     @property
     def bootstrap(self) -> str:
@@ -140,7 +141,7 @@ class BrokerProcess:
         """Start a new daemon with the same settings, data dir and ports (after stop/kill)."""
         assert self.proc.poll() is not None, "stop() or kill() the daemon first"
         self.history.append(self.proc)
-        self.proc = _spawn(self.cwd, self.env, self.args, self.log_path)
+        self.proc = _spawn(self.cwd, self.env, self.args, self.log_path, self.prefix)
         _wait_healthy(self, timeout)
 
 
@@ -227,7 +228,7 @@ def start_broker(
     broker = BrokerProcess(
         proc=_spawn(tmp_path, full_env, list(args), log_path, prefix),
         data_dir=data_dir, kafka_port=kafka_port, tls_port=tls_port, http_port=http_port,
-        log_path=log_path, env=full_env, args=list(args), cwd=tmp_path,
+        log_path=log_path, env=full_env, args=list(args), cwd=tmp_path, prefix=tuple(prefix),
     )
     if wait:
         _wait_healthy(broker, timeout)
