@@ -24,7 +24,11 @@ Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting 
     6 SNAPSHOT_TAR  u64 size, then ``size`` raw bytes: an uncompressed tar of the tree
                     (``u32 length`` is 9 for this kind; the raw bytes follow the frame)
     7 SNAPSHOT_ERR  UTF-8 reason
-    8 PING          u64 sender's node id (liveness; no answer). Unknown kinds are ignored.
+
+A PING (liveness, no answer) is a FORWARD_OK for request id 0, which no request has, with the
+sender's node id as its index and 0 as its term: older nodes, which close a link on a frame
+kind they do not know, ignore it, so a rolling upgrade keeps its links. Frame kinds this
+version does not know are ignored too.
 
 Snapshot files travel on a fresh connection per fetch (so a long transfer never delays Raft
 traffic); the server streams the hard-linked snapshot tree as a tar straight from its files
@@ -72,7 +76,8 @@ _HEAD = struct.Struct(">IB")
 _U64 = struct.Struct(">Q")
 _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
-RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR, PING = range(1, 9)
+RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
+PING_ID = 0  # the request id of a FORWARD_OK that is a PING (requests count from 1)
 FROZEN_S = 3.0  # a peer with a link up but silent this long (12 missed pings) is not live
 FETCH_STALL_S = 30.0  # a snapshot download that moves no byte for this long fails
 
@@ -280,11 +285,11 @@ class RaftTransport:
             self._pinger.start(self._ping_s, now=False)
 
     def _ping(self) -> None:
-        ping = _U64.pack(self.node_id)
+        ping = _U64x3.pack(PING_ID, self.node_id, 0)
         for peer in self._peers.values():
             if peer.link is not None:
                 try:
-                    peer.link.send(PING, ping)
+                    peer.link.send(FORWARD_OK, ping)
                 except Exception:  # one link's trouble must not stop the pings to the others
                     log.failure("raft: ping to node {peer} failed", peer=peer.node_id)
 
@@ -442,7 +447,11 @@ class RaftTransport:
             self._serve_forward(link, rid, payload[8:])
         elif kind == FORWARD_OK:
             rid, index, term = _U64x3.unpack(payload)
-            self._finish(rid, (index, term))
+            if rid == PING_ID:
+                if index in self._peers:
+                    self._heard[index] = self._reactor.seconds()
+            else:
+                self._finish(rid, (index, term))
         elif kind == FORWARD_ERR:
             rid, hint = _U64x2.unpack_from(payload)  # the leader's id + 1; 0: none known
             self._finish(rid, NotLeaderError(bytes(payload[16:]).decode("utf-8", "replace"),
@@ -452,10 +461,6 @@ class RaftTransport:
         elif kind == SNAPSHOT_ERR:
             if link.on_tar is not None:
                 link.on_tar.error(bytes(payload).decode("utf-8", "replace"))
-        elif kind == PING:
-            frm = _U64.unpack_from(payload)[0]
-            if frm in self._peers:
-                self._heard[frm] = self._reactor.seconds()
         # Any other kind is from a newer version: ignored, so mixed versions keep their links.
 
     def _serve_forward(self, link: _Link, rid: int, data: bytes) -> None:

@@ -18,7 +18,7 @@ from kmqkafka.kafka.context import Broker
 from kmqkafka.metrics import Metrics
 from kmqkafka.raft.messages import HeartbeatResp, encode
 from kmqkafka.raft.proposer import Member
-from kmqkafka.raft.transport import FROZEN_S, PING, RAFT, RaftTransport, _HEAD
+from kmqkafka.raft.transport import FORWARD_OK, FROZEN_S, RAFT, RaftTransport, _HEAD
 
 PEERS = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002), 3: ("127.0.0.1", 1003)}
 
@@ -68,7 +68,9 @@ def test_a_node_pings_every_peer_it_has_a_link_to():
     t, reactor = started_transport()
     to_2 = dial(reactor, 1002)
     reactor.advance(0.25)
-    assert to_2.transport.value() == _HEAD.pack(9, PING) + (1).to_bytes(8, "big")
+    # A FORWARD_OK for request id 0 (none has it), naming the sender: older nodes ignore it.
+    assert to_2.transport.value() == _HEAD.pack(25, FORWARD_OK) + b"".join(
+        n.to_bytes(8, "big") for n in (0, 1, 0))
 
 
 def test_a_hung_peer_whose_link_stays_up_drops_out_after_frozen_s():
@@ -77,7 +79,7 @@ def test_a_hung_peer_whose_link_stays_up_drops_out_after_frozen_s():
     dial(reactor, 1002)
     incoming = reactor.tcpServers[0][1].buildProtocol(None)
     incoming.makeConnection(StringTransport())
-    ping_from_2 = _HEAD.pack(9, PING) + (2).to_bytes(8, "big")
+    ping_from_2 = _HEAD.pack(25, FORWARD_OK) + b"".join(n.to_bytes(8, "big") for n in (0, 2, 0))
     for _ in range(20):  # pinging: live all along
         reactor.advance(0.25)
         incoming.dataReceived(ping_from_2)
