@@ -216,14 +216,15 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         blob = p.records
         channel = channel_for(topic.name, index)
         try:
-            _check(blob, limit, version, segment_bytes)
-            blob = _client_timestamp_type(blob, log_append)
+            header = _check(blob, limit, version, segment_bytes)
+            blob = _client_timestamp_type(blob, header, log_append)
             if not log_append:
-                blob = _with_max_timestamp(blob, broker.reactor)
+                blob = _with_max_timestamp(blob, header, broker.reactor)
             if rules is not None:
                 newest = rules.check(blob, now_ms, f"{topic.name}-{index}")
                 if newest is not None and not log_append:  # decoded anyway: make it exact
-                    blob = _set_max_timestamp(blob, newest, broker.reactor)
+                    blob = _set_max_timestamp(blob, newest, broker.reactor,
+                                              records.read_header(blob).max_timestamp)
         except RejectedRecords as exc:
             # As Kafka, a refusal of records (not of the batch) reports the log start offset.
             out.append(succeed(_Answer(index, exc.code, -1, _log_start(store, channel), -1,
@@ -346,8 +347,10 @@ def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
             f"requirement of {min_isr} for partition %s")
 
 
-def _check(blob: bytes | None, limit: int, version: int, segment_bytes: int) -> None:
-    """Raise KafkaError for the partition unless ``blob`` is one acceptable batch.
+def _check(blob: bytes | None, limit: int, version: int,
+           segment_bytes: int) -> records.BatchHeader:
+    """Raise KafkaError for the partition unless ``blob`` is one acceptable batch; return its
+    header.
 
     Kafka's rules for Produce v3+ first (``ProduceRequest.validateRecords``): exactly one
     RecordBatch of magic 2 per partition, and no zstd before v7. Then its log checks: a base
@@ -396,15 +399,15 @@ def _check(blob: bytes | None, limit: int, version: int, segment_bytes: int) -> 
         raise KafkaError(ErrorCode.invalid_record,
                          f"Inconsistent batch offset range [0, {header.last_offset_delta}] "
                          f"and count of records {header.records_count}")
+    return header
 
 
-def _client_timestamp_type(blob: bytes, log_append: bool) -> bytes:
+def _client_timestamp_type(blob: bytes, header: records.BatchHeader, log_append: bool) -> bytes:
     """A client batch with the LogAppendTime bit set, as Kafka's LogValidator takes it: on a
     LogAppendTime topic (or with no timestamp to go by) every record is refused with
     INVALID_TIMESTAMP; on a CreateTime topic the batch is stored as CreateTime (the bit
     cleared in a copy, as ``setMaxTimestamp(CREATE_TIME, ...)`` does), so its records read
     back with their own timestamps."""
-    header = records.read_header(blob)
     if not header.attributes & records.TIMESTAMP_TYPE_LOG_APPEND or header.is_control:
         return blob
     if log_append or header.max_timestamp == records.NO_TIMESTAMP:
@@ -413,13 +416,10 @@ def _client_timestamp_type(blob: bytes, log_append: bool) -> bytes:
             ErrorCode.invalid_timestamp, f"Invalid timestamp type in message 0. {why}",
             tuple((i, f"Invalid timestamp type in message {i}. {why}")
                   for i in range(max(header.records_count, 1))))
-    buf = bytearray(blob)
-    _ATTRS.pack_into(buf, 21, header.attributes & ~records.TIMESTAMP_TYPE_LOG_APPEND)
-    _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
-    return bytes(buf)
+    return _rewritten(blob, attributes=header.attributes & ~records.TIMESTAMP_TYPE_LOG_APPEND)
 
 
-def _with_max_timestamp(blob: bytes, clock: Any) -> bytes:
+def _with_max_timestamp(blob: bytes, header: records.BatchHeader, clock: Any) -> bytes:
     """``blob``, or a copy whose header's max timestamp is the records' own, as Kafka stores a
     CreateTime batch (LogValidator recomputes it from the records). Retention, time lookups
     and the timestamp bounds read that header field; a client that leaves it unset (sarama
@@ -428,38 +428,42 @@ def _with_max_timestamp(blob: bytes, clock: Any) -> bytes:
     recomputed here: the hot path decodes no records. (A header that claims a later max than
     its records' is made exact by ``_RecordRules`` when it decodes them: past the topic's
     ``after`` bound it must. One between its first record's and its true max is kept.)"""
-    header = records.read_header(blob)
     if header.max_timestamp >= max(header.base_timestamp, 0) or header.is_control:
         return blob
     try:
         newest = max((r.timestamp for r in records.iter_records(blob)), default=-1)
     except records.InvalidBatch as exc:
         raise KafkaError(error_code_for(exc), str(exc)) from None
-    return _set_max_timestamp(blob, newest, clock)
+    return _set_max_timestamp(blob, newest, clock, header.max_timestamp)
 
 
-def _set_max_timestamp(blob: bytes, newest: int, clock: Any) -> bytes:
-    """``blob`` with ``newest`` as its header's max timestamp (a copy with a new CRC when that
-    changes it). Records without any timestamp (``newest`` < 0) get the broker's clock, so
-    they age from when they were stored: Kafka falls back to the segment file's modification
-    time, which differs from node to node."""
+def _set_max_timestamp(blob: bytes, newest: int, clock: Any, current: int) -> bytes:
+    """``blob`` with ``newest`` as its header's max timestamp (``current`` now), in a copy
+    with a new CRC when that changes it. Records without any timestamp (``newest`` < 0) get
+    the broker's clock, so they age from when they were stored: Kafka falls back to the
+    segment file's modification time, which differs from node to node."""
     if newest < 0:
         newest = int(clock.seconds() * 1000)
-    if records.read_header(blob).max_timestamp == newest:
-        return blob
-    buf = bytearray(blob)
-    _MAX_TS.pack_into(buf, 35, newest)
-    _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
-    return bytes(buf)
+    return blob if current == newest else _rewritten(blob, max_timestamp=newest)
 
 
 def _log_append_time(blob: bytes, now_ms: int) -> bytes:
     """Kafka's LogAppendTime rewrite of a batch: the timestamp-type bit, max timestamp = broker
     time, a new CRC (in a copy)."""
+    (attrs,) = _ATTRS.unpack_from(blob, 21)
+    return _rewritten(blob, attributes=attrs | records.TIMESTAMP_TYPE_LOG_APPEND,
+                      max_timestamp=now_ms)
+
+
+def _rewritten(blob: bytes, *, attributes: int | None = None,
+               max_timestamp: int | None = None) -> bytes:
+    """A copy of the batch ``blob`` with the header fields given replaced and its CRC (which
+    covers them) recomputed."""
     buf = bytearray(blob)
-    (attrs,) = _ATTRS.unpack_from(buf, 21)
-    _ATTRS.pack_into(buf, 21, attrs | records.TIMESTAMP_TYPE_LOG_APPEND)
-    _MAX_TS.pack_into(buf, 35, now_ms)
+    if attributes is not None:
+        _ATTRS.pack_into(buf, 21, attributes)
+    if max_timestamp is not None:
+        _MAX_TS.pack_into(buf, 35, max_timestamp)
     _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
     return bytes(buf)
 
