@@ -16,6 +16,7 @@ from kio.schema.errors import ErrorCode
 from kmqkafka import records
 from kmqkafka.records import NewRecord, build_batch
 from tests.kafka.test_produce_fetch import Raw, fetch, list_offsets, parts_of, produce, unique
+from tests.store import with_header
 
 E = ErrorCode
 CHECK_MS = 100  # retention runs this often here
@@ -40,10 +41,7 @@ def raw(broker: BrokerProcess) -> Iterator[Raw]:
 
 def _undated(batch: bytes) -> bytes:
     """``batch`` as sarama 1.22 frames it: the first timestamp set, the max timestamp -1."""
-    buf = bytearray(batch)
-    buf[35:43] = (-1).to_bytes(8, "big", signed=True)
-    buf[17:21] = records.crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
-    return bytes(buf)
+    return with_header(batch, max_ts=-1)
 
 
 def _batch(stamps: list[int], compression: int = records.COMPRESSION_NONE) -> bytes:
@@ -109,17 +107,6 @@ def test_a_well_formed_batch_is_stored_as_sent(raw: Raw) -> None:
     assert stored[12:] == blob[12:]  # base offset and leader epoch are the broker's to set
 
 
-def _with_header(batch: bytes, *, max_ts: int | None = None, attributes: int | None = None
-                 ) -> bytes:
-    buf = bytearray(batch)
-    if max_ts is not None:
-        buf[35:43] = max_ts.to_bytes(8, "big", signed=True)
-    if attributes is not None:
-        buf[21:23] = attributes.to_bytes(2, "big")
-    buf[17:21] = records.crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
-    return bytes(buf)
-
-
 def test_a_header_claiming_a_later_max_than_its_records_is_made_exact(raw: Raw) -> None:
     """Past the topic's after bound the records are decoded (they are within it): the
     stored header then says what they say, so MAX_TIMESTAMP and retention see the truth."""
@@ -127,7 +114,7 @@ def test_a_header_claiming_a_later_max_than_its_records_is_made_exact(raw: Raw) 
     now = int(time.time() * 1000)
     blob = build_batch([NewRecord(value=b"a", timestamp=now), NewRecord(value=b"b", timestamp=now + 1)],
                        now_ms=now)
-    assert produce(raw, topic, {0: _with_header(blob, max_ts=now + 10**9)})[0].error_code is E.none
+    assert produce(raw, topic, {0: with_header(blob, max_ts=now + 10**9)})[0].error_code is E.none
     later = build_batch([NewRecord(value=b"c", timestamp=now + 200)], now_ms=now + 200)
     assert produce(raw, topic, {0: later})[0].error_code is E.none
     assert [h.max_timestamp for h in _stored_headers(raw, topic)] == [now + 1, now + 200]
@@ -147,7 +134,7 @@ def _create(raw: Raw, topic: str, configs: dict[str, str]) -> None:
 def _lat_batch(now: int) -> bytes:
     blob = build_batch([NewRecord(value=b"a", timestamp=now - 5),
                         NewRecord(value=b"b", timestamp=now)], now_ms=now - 5)
-    return _with_header(blob, attributes=records.TIMESTAMP_TYPE_LOG_APPEND)
+    return with_header(blob, attributes=records.TIMESTAMP_TYPE_LOG_APPEND)
 
 
 def test_the_log_append_time_bit_from_a_client_is_refused_on_a_log_append_time_topic(

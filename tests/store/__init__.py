@@ -9,6 +9,19 @@ from kmqkafka.store.config import LogConfig
 from kmqkafka.store.log import ChannelLog
 
 
+def with_header(batch: bytes, *, max_ts: int | None = None,
+                attributes: int | None = None) -> bytes:
+    """``batch`` with the header fields given replaced and its CRC recomputed: the shapes
+    clients send that a well-behaved one never does (sarama 1.22's max timestamp -1)."""
+    buf = bytearray(batch)
+    if max_ts is not None:
+        buf[35:43] = max_ts.to_bytes(8, "big", signed=True)
+    if attributes is not None:
+        buf[21:23] = attributes.to_bytes(2, "big")
+    buf[17:21] = records.crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
+    return bytes(buf)
+
+
 def make_batch(n: int = 1, *, ts: int = 1_000, key: bytes | None = None, value: bytes = b"v",
                keys: list | None = None, values: list | None = None, stamps: list | None = None,
                compression: int = records.COMPRESSION_NONE) -> bytes:

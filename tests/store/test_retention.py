@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kmqkafka import records
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import OffsetOutOfRange
 from kmqkafka.store.log import ChannelLog
 
-from . import all_records, flush, make_batch, reopen
+from . import all_records, flush, make_batch, reopen, with_header
 
 # one 10-record batch per segment: every append after the first rolls
 ONE_PER_SEGMENT = LogConfig(segment_bytes=100, retention_ms=None)
@@ -137,21 +136,13 @@ def test_truncate_prefix_to_the_end(tmp_path: Path) -> None:
     log.close()
 
 
-def _undated(batch: bytes) -> bytes:
-    """``batch`` with its header's max timestamp -1, as sarama 1.22 sends every batch (and as
-    such batches were stored before produce recomputed the field)."""
-    buf = bytearray(batch)
-    buf[35:43] = (-1).to_bytes(8, "big", signed=True)
-    buf[17:21] = records.crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
-    return bytes(buf)
-
-
 def test_segments_without_a_timestamp_are_never_expired_by_age(tmp_path: Path) -> None:
     """A max timestamp of -1 once read as 1970 and deleted such data at the next retention
     run; it cannot be dated (alike on every node), so only size and count rules apply."""
     log = ChannelLog.open(tmp_path, ONE_PER_SEGMENT.with_changes(retention_ms=2_500), 0)
     for i in range(3):
-        log.append(_undated(make_batch(10, ts=1_000 * (i + 1))), 1_000 * (i + 1))
+        log.append(with_header(make_batch(10, ts=1_000 * (i + 1)), max_ts=-1),
+                   1_000 * (i + 1))  # stored before produce recomputed the field
     flush(log)
     assert log.enforce_retention(10**12) == 0 and log.log_start == 1
     log = reopen(log)  # the rebuilt indexes read the stored headers again
