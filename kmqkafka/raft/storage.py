@@ -90,7 +90,7 @@ _SNAP = struct.Struct(">BQQI")
 _U64 = struct.Struct(">Q")
 T_ENTRY, T_HARD, T_SNAP, T_COMPACT, T_FILE, T_STATE = 1, 2, 3, 4, 5, 6
 FREE = "wal-free"
-KEEP_FREE = 4  # freed files kept for reuse
+KEEP_FREE = 4  # freed files kept for reuse (default; see DiskStorage.keep_free)
 PREPARE_STEP = 8 << 20  # bytes of a new free file written per ``prepare_free`` call
 _MAX_RECORD = 1 << 31
 ROLL_BYTES = 64 << 20
@@ -204,10 +204,14 @@ class _File:
 class DiskStorage:
     """The persisted Raft state of one node (see the module docstring for the format)."""
 
-    def __init__(self, directory: Path, roll_bytes: int = ROLL_BYTES) -> None:
+    def __init__(self, directory: Path, roll_bytes: int = ROLL_BYTES,
+                 keep_free: int = KEEP_FREE) -> None:
         """Use ``DiskStorage.open``."""
         self.directory = Path(directory)
         self.roll_bytes = roll_bytes
+        # Freed files kept for reuse: enough for every roll between two compactions, so a
+        # node in steady state never grows a file (nor takes fresh pages for one).
+        self.keep_free = keep_free
         self.hard_state = HardState()
         self.snapshot: Snapshot | None = None
         self.entries: list[Entry] = []
@@ -221,9 +225,10 @@ class DiskStorage:
     # ------------------------------------------------------------------ open / close
 
     @classmethod
-    def open(cls, directory: Path, roll_bytes: int = ROLL_BYTES) -> "DiskStorage":
+    def open(cls, directory: Path, roll_bytes: int = ROLL_BYTES,
+             keep_free: int = KEEP_FREE) -> "DiskStorage":
         """Open (creating if needed) and recover ``directory``; blocking, start-up only."""
-        st = cls(directory, roll_bytes)
+        st = cls(directory, roll_bytes, keep_free)
         st.directory.mkdir(parents=True, exist_ok=True)
         (st.directory / "snapshots").mkdir(exist_ok=True)
         for name in os.listdir(st.directory):
@@ -486,7 +491,7 @@ class DiskStorage:
         keep = [f for f in self._files[:-1] if f.last_index > index]
         gone = [f for f in self._files[:-1] if f.last_index <= index]
         for f in gone:
-            if len(self._free) < KEEP_FREE and f.seed:
+            if len(self._free) < self.keep_free and f.seed:
                 free = self.directory / f"{FREE}.{f.seq:08d}"
                 os.replace(f.path, free)
                 self._free.append(free)
@@ -498,13 +503,13 @@ class DiskStorage:
 
     def prepare_free(self) -> bool:
         """Write one step (``PREPARE_STEP`` bytes of zeros) of a new free file, until
-        ``KEEP_FREE`` full-size ones wait; returns whether more steps are due. A node that
+        ``keep_free`` full-size ones wait; returns whether more steps are due. A node that
         starts empty then writes its first Raft log records into blocks and pages it already
         owns, as every roll after its first compactions does (see Recycling): the first
         produce run on a fresh cluster ran at two thirds of the later ones. A file is grown
         as ``wal-free.part`` (removed by ``open`` if a crash cut it short), fdatasynced, and
         renamed ``wal-free.new-<n>`` once full. Blocking (I/O thread), between saves."""
-        if len(self._free) >= KEEP_FREE:
+        if len(self._free) >= self.keep_free:
             return False
         part = self.directory / f"{FREE}.part"
         fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -526,7 +531,7 @@ class DiskStorage:
         os.replace(part, free)
         fsync_dir(self.directory)
         self._free.append(free)
-        return len(self._free) < KEEP_FREE
+        return len(self._free) < self.keep_free
 
     def restart_at(self, snapshot: Snapshot, hard_state: HardState) -> None:
         """Start-up only (blocking): the application's durable state is at ``snapshot``,

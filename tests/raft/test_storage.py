@@ -164,6 +164,19 @@ def test_freed_files_are_reused_and_their_old_records_are_never_read_back(tmp_pa
     assert [e.index for e in reopen(s).entries][-2:] == [60, 61]
 
 
+@pytest.mark.parametrize("keep", [1, 3, 20])
+def test_compaction_keeps_at_most_keep_free_files_for_reuse(tmp_path, keep):
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=200, keep_free=keep)
+    for i in range(1, 61, 3):
+        st.save(Ready(entries=ents(i, i + 2), hard_state=HardState(1, 1, i + 2)))
+    covered = st.file_count  # all of them: compaction rolls first
+    assert covered > 3
+    st.compact(Snapshot(SnapshotMeta(60, 1, frozenset({1})), b"kmq-checkpoint:60"))
+    free = [p for p in (tmp_path / "raft").iterdir() if p.name.startswith("wal-free.")]
+    assert len(free) == min(keep, covered)
+    assert st.file_count == 1
+
+
 def test_a_free_file_not_yet_renamed_is_ignored(tmp_path):
     st = DiskStorage.open(tmp_path / "raft", roll_bytes=200)
     for i in range(1, 31, 3):
@@ -236,14 +249,14 @@ def test_prepared_free_files_are_what_the_first_rolls_reuse(tmp_path, monkeypatc
     from kmqkafka.raft import storage as storage_module
 
     monkeypatch.setattr(storage_module, "PREPARE_STEP", 128)
-    st = DiskStorage.open(tmp_path / "raft", roll_bytes=300)
+    st = DiskStorage.open(tmp_path / "raft", roll_bytes=300, keep_free=5)
     steps = 1
     while st.prepare_free():
         steps += 1
         assert steps < 100
-    assert steps == storage_module.KEEP_FREE * 3  # 300 bytes in steps of 128
+    assert steps == 5 * 3  # 300 bytes in steps of 128
     free = sorted(p.name for p in (tmp_path / "raft").iterdir() if p.name.startswith("wal-free"))
-    assert free == [f"wal-free.new-{n}" for n in range(1, storage_module.KEEP_FREE + 1)]
+    assert free == [f"wal-free.new-{n}" for n in range(1, 5 + 1)]
     assert all((tmp_path / "raft" / n).stat().st_size == 300 for n in free)
     assert not st.prepare_free()  # enough of them
     for i in range(1, 31, 3):
