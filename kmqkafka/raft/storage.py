@@ -91,7 +91,7 @@ _U64 = struct.Struct(">Q")
 T_ENTRY, T_HARD, T_SNAP, T_COMPACT, T_FILE, T_STATE = 1, 2, 3, 4, 5, 6
 FREE = "wal-free"
 KEEP_FREE = 4  # freed files kept for reuse (default; see DiskStorage.keep_free)
-PREPARE_STEP = 8 << 20  # bytes of a new free file written per ``prepare_free`` call
+PREPARE_STEP = 4 << 20  # bytes of a new free file written per ``prepare_free`` call
 _MAX_RECORD = 1 << 31
 ROLL_BYTES = 64 << 20
 _IOV_MAX = 512  # buffers per pwritev call (IOV_MAX is 1024 on Linux)
@@ -519,9 +519,12 @@ class DiskStorage:
             if step > 0:
                 os.pwrite(fd, bytes(step), size)
                 size += step
+                # Each step is synced on its own, so no Raft save queued behind this one on
+                # the I/O thread waits for a whole file's flush (a cluster's acks at start-up
+                # had a p99 of 60-100 ms when the file was synced once at its end).
+                os.fdatasync(fd)
             if size < self.roll_bytes:
                 return True
-            os.fdatasync(fd)
         finally:
             os.close(fd)
         n = 1

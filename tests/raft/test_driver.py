@@ -805,3 +805,43 @@ def test_a_download_cut_short_leaves_nothing_behind_after_a_restart(tmp_path):
     cl.boot(2)
     cl.run(1)
     assert sorted(p.name for p in snapshots.iterdir()) == []
+
+
+def test_a_new_member_prepares_its_spare_raft_log_files_before_it_takes_part(
+        tmp_path, monkeypatch):
+    """As many spare files as the log rolls between two compactions (4 MiB / 1 MiB, plus one),
+    written before the driver starts; a restarted member, whose log is not new, starts at once
+    and tops them up in the background."""
+    from kmqkafka.raft import driver as driver_module
+    from kmqkafka.raft import storage as storage_module
+
+    monkeypatch.setattr(storage_module, "PREPARE_STEP", 256 << 10)
+    spare_at_start: dict[int, int] = {}
+    original_start = driver_module.RaftDriver.start
+
+    def start(self):
+        spare_at_start[self.node.id] = len(self.storage._free)
+        original_start(self)
+
+    monkeypatch.setattr(driver_module.RaftDriver, "start", start)
+    cl = Cluster(tmp_path, preallocate=True, wal_roll_bytes=1 << 20, compact_bytes=4 << 20)
+    assert spare_at_start == {1: 5, 2: 5, 3: 5}
+    for i in cl.ids:
+        raft = tmp_path / f"n{i}" / "raft"
+        free = sorted(p.name for p in raft.iterdir() if p.name.startswith("wal-free"))
+        assert free == [f"wal-free.new-{n}" for n in range(1, 6)]
+        assert all((raft / n).stat().st_size == 1 << 20 for n in free)
+    ls = cl.stores[cl.wait_leader()]
+    assert cl.result(ls.create_channel("kafka.t")) is True
+    for i in range(8):  # rolls the log: spare files are used up
+        cl.result(ls.append_batch("kafka.t", batch(b"x" * (300 << 10))))
+    cl.run(1.0)
+    follower = next(i for i in cl.ids if cl.stores[i] is not ls)
+    cl.crash(follower)
+    used = len(list((tmp_path / f"n{follower}" / "raft").glob("wal-free.*")))
+    assert used < 5
+    cl.boot(follower)
+    assert spare_at_start[follower] == used  # started without writing new ones first
+    cl.run(2.0)
+    assert len(list((tmp_path / f"n{follower}" / "raft").glob("wal-free.*"))) == 5
+    assert len(values(cl.stores[follower], "kafka.t")) == 8
