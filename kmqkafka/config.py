@@ -152,8 +152,8 @@ Setting("node_id", "KMQKAFKA_NODE_ID", "node-id", "server", "node_id", "posint0"
             "Raft election timeout in ticks (randomized up to twice this)"),
     Setting("raft_preallocate", "KMQKAFKA_RAFT_PREALLOCATE", "raft-preallocate", "server",
             "raft_preallocate", "bool", True,
-            "a cluster member writes its Raft log's spare files (4 x 32 MiB of zeros) in the "
-            "background at start, so its first writes reuse blocks and pages as later ones do"),
+            "a new cluster member writes its Raft log's spare files (9 x 32 MiB of zeros) "
+            "before it takes part, so its first writes reuse blocks and pages as later ones do"),
 )
 
 
