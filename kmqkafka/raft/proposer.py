@@ -103,10 +103,9 @@ def _fresh(storage: Any) -> bool:
             and storage.hard_state == HardState())
 
 
-def _prepare_all_free(storage: Any) -> None:
+def _prepare_all_free(storage: DiskStorage) -> None:
     """Every step of ``storage.prepare_free`` at once (blocking: the Raft I/O thread)."""
-    prepare = getattr(storage, "prepare_free", None)
-    while prepare is not None and prepare():
+    while storage.prepare_free():
         pass
 
 
@@ -345,7 +344,8 @@ class RaftProposer:
         if snap is not None and self.machine.last_applied < snap.meta.index:
             # Crashed between persisting an installed snapshot and restoring the machine.
             self._restore_files(snap)
-        if self._preallocate and len(self.members) > 1 and _fresh(storage):
+        if (self._preallocate and len(self.members) > 1
+                and hasattr(storage, "prepare_free") and _fresh(storage)):
             # A new member writes its spare Raft log files before it takes part (about a
             # second, once): written in the background they shared the disk and the Raft
             # I/O thread with the cluster's first writes (ack p99 30-100 ms instead of 10).
