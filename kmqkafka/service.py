@@ -25,6 +25,8 @@ from twisted.python.failure import Failure
 
 from kmqkafka.net.protocol import KafkaFactory
 
+LISTEN_BACKLOG = 1024  # the kernel clips it to net.core.somaxconn (4096 by default)
+
 
 @dataclass
 class Listener:
@@ -109,11 +111,15 @@ class BrokerService(MultiService):
         )
 
     def _listen(self, listener: Listener) -> IListeningPort:
+        # A deep accept queue: hundreds of clients reconnecting at once (a restart, a network
+        # blip) overflowed Twisted's default of 50 and waited out SYN retries of 1-5 s.
         if listener.tls is not None:
             return self.reactor.listenSSL(
-                listener.port, listener.factory, listener.tls, interface=listener.host
+                listener.port, listener.factory, listener.tls, backlog=LISTEN_BACKLOG,
+                interface=listener.host
             )
-        return self.reactor.listenTCP(listener.port, listener.factory, interface=listener.host)
+        return self.reactor.listenTCP(listener.port, listener.factory, backlog=LISTEN_BACKLOG,
+                                      interface=listener.host)
 
     def _fatal(self, failure: Failure) -> None:
         self.log.critical("kmqkafka could not start: {error}", error=failure.getErrorMessage())

@@ -35,7 +35,7 @@ from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
 from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
-from kmqkafka.net import recvinto
+from kmqkafka.net import recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
@@ -367,6 +367,15 @@ class KafkaProtocol(Protocol):
         header_type = _RESPONSE_HEADERS[header_version]
         out = ChunkWriter()
         entity_writer(header_type)(out, header_type(correlation_id=i32(correlation_id)))
+        encoded = shared.body(response)
+        if encoded is not None:
+            return [_PREFIX.pack(out.size + len(encoded)), *out.parts(), encoded]
+        if shared.is_shared(response):
+            body = ChunkWriter()
+            entity_writer(type(response))(body, response)
+            encoded = body.getvalue()
+            shared.remember(response, encoded)
+            return [_PREFIX.pack(out.size + len(encoded)), *out.parts(), encoded]
         entity_writer(type(response))(out, response)
         return [_PREFIX.pack(out.size), *out.parts()]
 

@@ -312,6 +312,7 @@ class KeyedLog:
         self._log = log
         self._roll_min_records = roll_min_records
         self._data: dict[bytes, bytes] = {}
+        self.version = 0  # moves on every change: readers cache what they derive from it
 
     @classmethod
     def open(cls, root: Path, family: str, now_ms: int, *,
@@ -367,6 +368,7 @@ class KeyedLog:
         if not batch:
             return
         self._log.append(batch, now_ms)
+        self.version += 1
         for r in batch:
             assert r.key is not None
             if r.value is None:

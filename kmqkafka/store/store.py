@@ -489,6 +489,13 @@ class ChannelStore:
     def keyed_items(self, family: str, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         return self.machine.keyed[family].items(prefix)
 
+    def keyed_state(self, family: str) -> tuple[object, int]:
+        """What a reader compares (``is`` and ``==``) to know that ``family`` is unchanged
+        since it last looked: the family's log (a restored snapshot brings a new one) and
+        its change counter."""
+        keyed = self.machine.keyed[family]
+        return keyed, keyed.version
+
     def keyed_put(self, family: str, pairs: Iterable[tuple[bytes, bytes | None]]) -> Deferred:
         """Durably write coordinator state (a None value deletes the key)."""
         return self.propose(c.KeyedPut(family, tuple(pairs), self.now_ms()))

@@ -196,7 +196,11 @@ def test_partitions_stop_at_what_the_open_file_limit_allows(tmp_path: Path) -> N
     b = start_broker(tmp_path, prefix=[sys.executable, "-c", limit])
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
-        admin.create_topics([NewTopic("fd-a", 60)])["fd-a"].result(WAIT)
+        # One request whose topics fit one by one but not together: the second is refused.
+        both = admin.create_topics([NewTopic("fd-a", 60), NewTopic("fd-c", 60)])
+        assert both["fd-a"].result(WAIT) is None
+        code, message = error_of(both["fd-c"])
+        assert code == 44 and "open-file limit" in message
         code, message = error_of(admin.create_topics([NewTopic("fd-b", 60)])["fd-b"])
         assert code == 44 and "open-file limit" in message  # POLICY_VIOLATION
         code, _ = error_of(admin.create_partitions([NewPartitions("fd-a", 120)])["fd-a"])

@@ -1,8 +1,12 @@
 """Metadata over real sockets: advertised endpoint, auto-create, invalid names, restart-stable ids."""
 
+import struct
 import sys
 
 from confluent_kafka import KafkaError
+from kio.index import load_request_schema
+from test_produce_fetch import _build
+from twisted.internet.defer import Deferred, succeed
 from confluent_kafka.admin import AdminClient
 
 from conftest import free_port, start_broker
@@ -161,3 +165,64 @@ def test_topics_and_cluster_id_survive_a_restart(tmp_path):
         assert md2.cluster_id == cluster_id
     finally:
         b.stop()
+
+
+def test_every_full_listing_shows_each_topic_change_at_once(broker):
+    """A full Metadata answer is reused while nothing changed; each create, growth and delete
+    shows in the very next one."""
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    a = admin(broker.bootstrap)
+
+    def listing():
+        md = a.list_topics(timeout=10)
+        return {name: len(t.partitions) for name, t in md.topics.items()}
+
+    before = listing()
+    assert listing() == before
+    a.create_topics([NewTopic("md.cache", 2)])["md.cache"].result(10)
+    assert listing() == {**before, "md.cache": 2}
+    a.create_partitions([NewPartitions("md.cache", 5)])["md.cache"].result(10)
+    assert listing()["md.cache"] == 5
+    a.delete_topics(["md.cache"])["md.cache"].result(10)
+    assert listing() == before
+
+
+def test_a_full_listing_is_built_and_encoded_once_while_nothing_changes(tmp_path):
+    """In process: the same response object for every full Metadata of an unchanged catalog,
+    its body encoded once; a new topic makes a new one."""
+    from test_produce_fetch import InProcess
+
+    from kmqkafka.kafka import metadata
+    from kmqkafka.net import shared
+    from kmqkafka.net.protocol import KafkaProtocol
+
+    env = InProcess(tmp_path)
+    request = _build(load_request_schema(3, 12), dict(
+        topics=None, allow_auto_topic_creation=True,
+        include_topic_authorized_operations=False))
+
+    def full():
+        out: list = []
+        d = metadata.handle(request, env.ctx(3, 12))
+        (d if isinstance(d, Deferred) else succeed(d)).addBoth(out.append)
+        env.clock.advance(0)
+        return out[0]
+
+    catalog = env.broker.extras["topics"]
+    for name in ("a", "b"):
+        catalog.create(name)
+        env.clock.advance(0)
+    first = full()
+    assert sorted(t.name for t in first.topics) == ["a", "b"]
+    assert full() is first
+    header_version = env.ctx(3, 12).response_type.__header_schema__.__version__
+    wire = b"".join(bytes(p) for p in KafkaProtocol._encode(7, first, header_version))
+    assert shared.body(first) is not None
+    again = b"".join(bytes(p) for p in KafkaProtocol._encode(8, first, header_version))
+    assert again[4:8] == struct.pack(">i", 8) and again[8:] == wire[8:]
+    catalog.create("c")
+    env.clock.advance(0)
+    grown = full()
+    assert grown is not first
+    assert sorted(t.name for t in grown.topics) == ["a", "b", "c"]
