@@ -134,6 +134,37 @@ def test_everything_survives_a_restart(tmp_path, clock):
     assert [r.value for b in res.batches for r in iter_records(b)] == [b"v0", b"v1", b"v2", b"v3"]
 
 
+def test_the_cut_at_start_up_leaves_an_empty_segment_at_the_checkpoint_alone(tmp_path, clock):
+    """An empty channel's segment starts at its checkpoint: start-up's cut keeps it rather than
+    remove and recreate it (four fsyncs per channel: 1.4 ms each at 2,500 channels). Data past
+    the checkpoint is still cut, and the channel takes appends at the right offsets."""
+    import os
+
+    from kmqkafka.store import checkpoint
+
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.empty"), clock)
+    result_of(store.create_channel("kafka.full"), clock)
+    result_of(store.append_batch("kafka.full", batch(3)), clock)
+    result_of(store.append_batch("kafka.full", batch(2)), clock)
+    result_of(store.stop(), clock)
+    channels = tmp_path / "data" / "channels"
+    empty = next(p for p in channels.iterdir() if "empty" in p.name)
+    full = next(p for p in channels.iterdir() if "full" in p.name)
+    before = {p.name: os.stat(p).st_ino for p in empty.iterdir()}
+    assert [n for n in before if n.endswith(".log")]
+    assert checkpoint.truncate_tail(empty, 1) == 0
+    assert {p.name: os.stat(p).st_ino for p in empty.iterdir()} == before
+    assert checkpoint.truncate_tail(full, 4) > 0  # the second batch was past the cut
+    again = open_store(tmp_path, clock)
+    result_of(again.append_batch("kafka.empty", batch(2)), clock)
+    result_of(again.append_batch("kafka.full", batch(1)), clock)
+    assert again.bounds("kafka.empty").high_watermark == 3
+    assert again.bounds("kafka.full").high_watermark == 5
+    res = again.read("kafka.empty", 1, 1 << 20)
+    assert [r.value for b in res.batches for r in iter_records(b)] == [b"v0", b"v1"]
+
+
 def test_truncate_prefix_moves_log_start(tmp_path, clock):
     store = open_store(tmp_path, clock)
     result_of(store.create_channel("kafka.t"), clock)
