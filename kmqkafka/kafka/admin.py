@@ -85,9 +85,7 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
             continue  # a duplicated name is answered once
         names.append(t.name)
         if t.name in dup:
-            work.append(_error(ErrorCode.invalid_request,
-                               f"Create topics request from client `{ctx.client_id}` contains "
-                               f"multiple entries for the following topics: {t.name}"))
+            work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))  # KRaft's
         else:
             work.append(_outcome(lambda t=t: _create_one(topics, t, everyone,
                                                          request.validate_only)))

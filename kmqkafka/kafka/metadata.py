@@ -73,7 +73,7 @@ def _all_topics(request: Any, ctx: RequestContext, topics: TopicCatalog) -> Any:
     if found is not None and found[0] is state[0] and found[1] == state[1]:
         cache.move_to_end(key)
         return shared.share(found[2])
-    response = _respond([(t.name, t, None) for t in listed], request, ctx, view)
+    response = _respond([(t.name, t, None, None) for t in listed], request, ctx, view)
     cache[key] = (state[0], state[1], response)
     cache.move_to_end(key)
     while len(cache) > _FULL_CACHE:
@@ -96,29 +96,31 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
     if name is None and topic_id not in (None, _ZERO_UUID):
         found = topics.by_id(topic_id)
         if found is None:
-            return succeed((None, None, KafkaError(ErrorCode.unknown_topic_id)))
-        return succeed((found.name, found, None))
+            # Kafka echoes the id it could not find (the name stays null).
+            return succeed((None, None, KafkaError(ErrorCode.unknown_topic_id), topic_id))
+        return succeed((found.name, found, None, None))
     try:
         validate_topic_name(name)
     except KafkaError as exc:
-        return succeed((name, None, exc))
+        return succeed((name, None, exc, None))
     found = topics.get(name)
     if found is not None:
-        return succeed((name, found, None))
+        return succeed((name, found, None, None))
     if not auto_create or name in INTERNAL_TOPICS:
-        return succeed((name, None, KafkaError(ErrorCode.unknown_topic_or_partition)))
+        return succeed((name, None, KafkaError(ErrorCode.unknown_topic_or_partition), None))
     try:
         d = topics.create(name)
     except KafkaError as exc:  # e.g. the name collides with an existing one ('.' vs '_')
-        return succeed((name, None, exc))
-    d.addCallback(lambda created: (name, created, None))
+        return succeed((name, None, exc, None))
+    d.addCallback(lambda created: (name, created, None, None))
     # A concurrent create of the same name is not an error for Metadata.
-    d.addErrback(lambda f: (name, topics.get(name), None) if topics.get(name) is not None
-                 else (name, None, f.value))
+    d.addErrback(lambda f: (name, topics.get(name), None, None) if topics.get(name) is not None
+                 else (name, None, f.value, None))
     return d
 
 
-def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
+def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None,
+                                  uuid.UUID | None]],
              request: Any, ctx: RequestContext, view: tuple[Any, ...] | None = None) -> Any:
     t = types_of(ctx)
     brokers, leader, controller, (replicas, isr, offline), cluster = view or _view(ctx)
@@ -133,13 +135,14 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None]],
     # every topic of the response.
     built: list[Any] = []
     out = []
-    for name, topic, error in resolved:
+    for name, topic, error, asked_id in resolved:
         if topic is None:
             code = error_code_for(error) if error is not None else ErrorCode.unknown_topic_or_partition
             if name is None and ctx.api_version < 12:  # the name is nullable from v12 only
                 name = ""
             out.append(make(t.MetadataResponseTopic, error_code=code, name=name,
-                            topic_id=_ZERO_UUID, is_internal=False, partitions=()))
+                            topic_id=asked_id or _ZERO_UUID, is_internal=False,
+                            partitions=()))
             continue
         while len(built) < topic.partitions:
             built.append(make(t.MetadataResponsePartition, error_code=part_error,

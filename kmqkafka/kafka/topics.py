@@ -106,7 +106,8 @@ _INT_CONFIGS = {
 
 # Lower bounds as Kafka's LogConfig states them (0 unless listed).
 _MINIMUMS = {
-    "retention.ms": -1, "retention.bytes": -1, "segment.bytes": 14, "segment.ms": 1,
+    # segment.bytes: 1 MiB since Kafka 4.0 (KIP-1030; it was 14 bytes).
+    "retention.ms": -1, "retention.bytes": -1, "segment.bytes": 1 << 20, "segment.ms": 1,
     "segment.index.bytes": 4, "min.insync.replicas": 1, "flush.messages": 1,
     "max.compaction.lag.ms": 1, "local.retention.bytes": -2, "local.retention.ms": -2,
     "compression.gzip.level": -1, "compression.lz4.level": 1, "compression.zstd.level": -131072,

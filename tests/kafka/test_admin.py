@@ -147,8 +147,8 @@ def test_duplicate_names_in_one_request_are_invalid_request(kafka: BrokerProcess
     t = topic_cls(name="ct-twice", num_partitions=1, replication_factor=1, assignments=(),
                   configs=())
     response = call(kafka, 19, 7, topics=(t, t), timeout=TIMEOUT, validate_only=False)
-    assert [(r.name, r.error_code) for r in response.topics] == [
-        ("ct-twice", ErrorCode.invalid_request)]
+    assert [(r.name, r.error_code, r.error_message) for r in response.topics] == [
+        ("ct-twice", ErrorCode.invalid_request, "Duplicate topic name.")]  # KRaft's words
 
 
 @pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7])

@@ -206,6 +206,12 @@ def test_every_kafka_topic_config_is_accepted_and_numbers_parse_as_java_does(
         fs = admin.create_topics([NewTopic("kafka-configs-bad", 1, config={name: value})])
         code, message = failure(fs["kafka-configs-bad"])
         assert code == 40 and name in message, (name, message)  # INVALID_CONFIG
+    # Kafka 4's smallest segment is 1 MiB (KIP-1030).
+    fs = admin.create_topics([NewTopic("kafka-configs-bad", 1,
+                                       config={"segment.bytes": "1048575"})])
+    assert failure(fs["kafka-configs-bad"]) == (
+        40, "Invalid value 1048575 for configuration segment.bytes: "
+            "Value must be at least 1048576")
 
 
 def test_min_insync_replicas_above_the_live_members_refuses_acks_all(

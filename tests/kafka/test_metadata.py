@@ -152,6 +152,31 @@ def test_a_null_topic_name_gets_an_error_not_a_dropped_connection(broker):
     assert "Traceback" not in broker.log()
 
 
+def test_an_unknown_topic_id_is_echoed_with_its_error(broker):
+    """Metadata v10+ by topic id: an id no topic has is UNKNOWN_TOPIC_ID with that id (the
+    name null), so the client can tell which of its ids failed; a known id gets its topic."""
+    import uuid
+
+    from kio.index import load_request_schema
+
+    from rawkafka import RawClient
+
+    admin(broker.bootstrap).list_topics(topic="by.id", timeout=10)  # auto-created
+    request_type = load_request_schema(3, 12)
+    topic_type = sys.modules[request_type.__module__].MetadataRequestTopic
+    with RawClient(broker.kafka_port) as raw:
+        (known,) = raw.call(request_type(
+            topics=(topic_type(topic_id=None, name="by.id"),), allow_auto_topic_creation=False,
+            include_topic_authorized_operations=False)).topics
+        missing = uuid.uuid4()
+        found, unknown = raw.call(request_type(
+            topics=(topic_type(topic_id=known.topic_id, name=None),
+                    topic_type(topic_id=missing, name=None)),
+            allow_auto_topic_creation=False, include_topic_authorized_operations=False)).topics
+    assert (found.name, found.topic_id, int(found.error_code)) == ("by.id", known.topic_id, 0)
+    assert (unknown.name, unknown.topic_id, int(unknown.error_code)) == (None, missing, 100)
+
+
 def test_topics_and_cluster_id_survive_a_restart(tmp_path):
     b = start_broker(tmp_path)
     try:
