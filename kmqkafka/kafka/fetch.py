@@ -107,7 +107,8 @@ class _Fetch:
     """One Fetch in progress: read, maybe park, re-read, answer."""
 
     __slots__ = ("ctx", "fctx", "store", "catalog", "uses_ids", "min_bytes", "max_bytes",
-                 "deadline", "epoch_errors", "topics", "wait", "deferred", "aborted")
+                 "deadline", "epoch_errors", "topics", "wait", "deferred", "aborted",
+                 "parked", "ahead")
 
     def __init__(self, request: Any, ctx: RequestContext, fctx: FetchContext,
                  epoch_errors: dict[tuple[Hashable, int], ErrorCode]) -> None:
@@ -127,6 +128,8 @@ class _Fetch:
         self.topics: dict[Hashable, Topic | None] = {}
         self.wait: Deferred | None = None
         self.deferred: Deferred | None = None
+        self.parked: list[_Result] | None = None  # what the parked wait started from
+        self.ahead = False  # a result stood for an offset this node has not applied yet
 
     def start(self) -> Any:
         results, total, errors = self._read()
@@ -168,6 +171,7 @@ class _Fetch:
         total = 0
         errors = False
         withheld = False
+        self.ahead = False
         limit = self.max_bytes
         missing = ErrorCode.unknown_topic_id if self.uses_ids else ErrorCode.unknown_topic_or_partition
         for w in self.fctx.wanted:
@@ -203,6 +207,7 @@ class _Fetch:
                 code = error_code_for(exc)
                 ahead = self._not_applied_yet(exc, w.fetch_offset)
                 if ahead is not None:
+                    self.ahead = True
                     results.append((key, ErrorCode.none, ahead[0], ahead[1], [], 0))
                     continue
                 if code is ErrorCode.unknown_server_error:
@@ -245,6 +250,7 @@ class _Fetch:
                 # Wake on anything durable past what was readable (hw is an offset).
                 watches.append((channel, max(wanted[key].fetch_offset + 1, hw + 1)))
         remaining = self.deadline - self.ctx.broker.reactor.seconds()
+        self.parked = results
         self.wait = self.store.wait_any(watches, remaining)
         self.wait.addCallbacks(self._woke, self._wait_failed)
 
@@ -254,7 +260,14 @@ class _Fetch:
         self.wait = None
         if self.deferred is None or self.deferred.called:
             return
+        parked, self.parked = self.parked, None
         try:
+            if not ready and parked is not None and not self.ahead:
+                # Nothing watched moved since the read the wait started from, so reading
+                # every partition again would find the same: a consumer idling on 6,000
+                # partitions cost the reactor 315 ms a fetch, half of it this second read.
+                self.deferred.callback(self._respond(parked))
+                return
             results, total, errors = self._read()
             if not ready or self._satisfied(total, errors):
                 self.deferred.callback(self._respond(results))

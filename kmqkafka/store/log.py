@@ -746,6 +746,11 @@ class ChannelLog:
 
     # --- compaction -----------------------------------------------------------------
 
+    def may_compact(self) -> bool:
+        """Whether a ``compaction_plan`` could find anything: a compacted log with a closed
+        segment (an empty or one-segment log never has one)."""
+        return self._config.compact and len(self._segments) > 1
+
     def compaction_plan(self, now_ms: int) -> CompactionPlan | None:
         """Snapshot the cleanable segments (None if not compacting or nothing is due).
 

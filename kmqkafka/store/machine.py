@@ -587,7 +587,7 @@ class StateMachine:
             touched = {n: (self.channels[n].next_sequence if n in self.channels else None)
                        for n in self._touched if n not in self.queues}
             self._touched.clear()
-            token = self.journal.prepare(self.last_applied, touched, self._channel_ends())
+            token = self.journal.prepare(self.last_applied, touched, self._channel_ends)
             tokens.append((None, self.journal, token))
         return tokens
 

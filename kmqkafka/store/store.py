@@ -404,9 +404,12 @@ class ChannelStore:
         return self.propose(c.EnforceRetention(self.now_ms()))
 
     def compact_all(self) -> Deferred:
-        """Start one compaction pass of every compacted channel not already being cleaned."""
+        """Start one compaction pass of every compacted channel not already being cleaned
+        that has a closed segment: each pass is a Raft command, and proposing one for every
+        empty compacted partition every tick grew the log and stalled a node with 1,000 of
+        them."""
         names = [n for n, ch in self.machine.channels.items()
-                 if ch.config.compact and n not in self._compacting]
+                 if ch.may_compact() and n not in self._compacting]
         ds = [self.compact(n) for n in names]
         if not ds:
             return succeed(0)

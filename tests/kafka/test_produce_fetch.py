@@ -844,6 +844,29 @@ def test_parked_fetch_times_out_on_the_clock(tmp_path: Path) -> None:
     assert out and not parts_of(out[0])[0].records and len(env.store.waiters) == 0
 
 
+def test_a_parked_fetch_that_times_out_is_answered_without_reading_again(
+        tmp_path: Path) -> None:
+    """Nothing it watched moved, so the answer is the read it parked with: an idle consumer
+    on thousands of partitions paid for every one twice per fetch."""
+    env = InProcess(tmp_path)
+    env.produce("t", batch())
+    reads: list[str] = []
+    original = env.store.read
+    env.store.read = lambda channel, *a, **kw: reads.append(channel) or original(channel, *a, **kw)
+    out: list[Any] = []
+    env.fetch("t", 1, max_wait_ms=500).addCallback(out.append)
+    assert len(reads) == 1
+    env.clock.advance(0.5)
+    part = parts_of(out[0])[0]
+    assert len(reads) == 1 and not part.records and part.high_watermark == 1
+    # Woken by data, it reads again (and answers with it).
+    out.clear()
+    env.fetch("t", 1, max_wait_ms=500).addCallback(out.append)
+    env.produce("t", batch(2))
+    part = parts_of(out[0])[0]
+    assert len(reads) == 3 and part.records and part.high_watermark == 3
+
+
 def test_parked_fetch_wakes_on_the_group_commit_not_before(tmp_path: Path) -> None:
     env = InProcess(tmp_path)
     env.produce("t", batch())

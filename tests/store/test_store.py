@@ -345,3 +345,41 @@ def test_a_directory_named_whole_by_an_older_version_is_renamed_on_start(tmp_pat
     assert (channels / dir_name(name)).is_dir() and not (channels / name).exists()
     assert again.bounds(name).high_watermark == 4
     result_of(again.delete_channel(name), clock)
+
+
+def test_a_checkpoint_lists_every_channel_only_in_its_full_records(tmp_path):
+    """Group commits record the channels they touched; the map of every channel's end (one
+    entry per partition) is built only for the full record the journal starts or rolls with."""
+    from kmqkafka.store.checkpoint import CheckpointJournal
+
+    journal = CheckpointJournal(tmp_path)
+    built: list[int] = []
+
+    def everything():
+        built.append(1)
+        return {"kafka.a": 5, "kafka.b": 9}
+
+    first = journal.prepare(1, {"kafka.a": 5}, everything)
+    journal.write(first)
+    for applied in range(2, 50):
+        journal.write(journal.prepare(applied, {"kafka.a": 5 + applied}, everything))
+    assert first.full and len(built) == 1
+
+
+def test_a_compaction_pass_skips_compacted_channels_without_a_closed_segment(tmp_path, clock):
+    """Each pass is a command through Raft: an empty (or one-segment) compacted channel never
+    has anything to clean, so no pass is proposed for it."""
+    store = open_store(tmp_path, clock)
+    compact = {"cleanup_policy": "compact", "segment_bytes": 400}
+    result_of(store.create_channel("kafka.idle", config=compact), clock)
+    result_of(store.create_channel("kafka.busy", config=compact), clock)
+    proposed: list = []
+    original = store.propose
+    store.propose = lambda cmd, **kw: proposed.append(type(cmd).__name__) or original(cmd, **kw)
+    assert result_of(store.compact_all(), clock) == 0
+    assert proposed == []
+    for i in range(6):  # past 400 bytes: the first segment closes
+        result_of(store.append_batch("kafka.busy", batch(3, tag=b"x%d" % i)), clock)
+    proposed.clear()
+    assert result_of(store.compact_all(), clock) == 1
+    assert proposed.count("Compact") == 1
