@@ -114,6 +114,7 @@ class StateMachine:
         # Replicated mode: Events channel directories created (or channels deleted) since the
         # last flush, made durable by it before its checkpoint (``_FreshDirs``).
         self._fresh = _FreshDirs(self.channels_dir)
+        self._deletes = 0  # makes each deleted channel's renamed directory unique
 
     # --- start-up -------------------------------------------------------------------
 
@@ -379,13 +380,17 @@ class StateMachine:
         target = self.channels.pop(cmd.name, None) or self.queues.pop(cmd.name)
         target.close()
         path = self.channels_dir / dir_name(cmd.name)
-        doomed = path.with_name(f"{path.name}.deleted-{self.last_applied}")
+        self._deletes += 1  # one entry may delete, create and delete a name again
+        doomed = path.with_name(f"{path.name}.deleted-{self.last_applied}-{self._deletes}")
         os.replace(path, doomed)
-        if self.replicated:  # recovery removes the channel either way; the flush syncs it
-            self._fresh.touch()
+        if self.replicated:
+            # Recovery removes the renamed directory either way; the next flush syncs the
+            # rename and removes it on the I/O thread. Removed here, a DeleteTopics of 3,000
+            # topics held the reactor 1.7 s.
+            self._fresh.doom(doomed)
         else:
             fsync_dir(self.channels_dir)
-        shutil.rmtree(doomed, ignore_errors=True)
+            shutil.rmtree(doomed, ignore_errors=True)
         self._dirty.discard(cmd.name)
         self._touched.add(cmd.name)
         self._on_advance(cmd.name)
@@ -623,6 +628,7 @@ class _FreshDirs:
     def __init__(self, channels_dir: Path) -> None:
         self._channels_dir = channels_dir
         self._dirs: list[Path] = []
+        self._doomed: list[Path] = []
         self.pending = False
 
     def add(self, directory: Path) -> None:
@@ -630,6 +636,11 @@ class _FreshDirs:
         self.pending = True
 
     def touch(self) -> None:
+        self.pending = True
+
+    def doom(self, directory: Path) -> None:
+        """Remove ``directory`` (a deleted channel's, renamed) once the rename is synced."""
+        self._doomed.append(directory)
         self.pending = True
 
     def run(self) -> None:
@@ -651,6 +662,8 @@ class _FreshDirs:
             except FileNotFoundError:
                 continue
         fsync_dir(self._channels_dir)
+        for directory in self._doomed:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def complete_flush(self, token: Any) -> None:
         """Nothing waits on it beyond the flush itself."""

@@ -217,3 +217,39 @@ def test_a_channel_deleted_while_its_flush_runs_is_not_a_failed_flush(tmp_path):
     m.run_flush(tokens)
     m.complete_flush(tokens)
     m.close()
+
+
+def test_a_deleted_channel_directory_goes_with_the_next_flush(tmp_path):
+    """Replicated mode: applying a delete only renames the directory; the next flush (I/O
+    thread) syncs that and removes it, so a delete of thousands of topics does not hold the
+    reactor. A crash before that flush leaves the renamed directory to recovery, and one
+    entry may delete, create and delete the same name again."""
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.machine import StateMachine
+
+    def flush(m: StateMachine) -> None:
+        tokens = m.prepare_flush()
+        m.run_flush(tokens)
+        m.complete_flush(tokens)
+
+    def leftovers() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "channels").iterdir() if ".deleted" in p.name)
+
+    m = StateMachine(tmp_path, replicated=True)
+    m.recover(0)
+    m.apply(1, c.CreateChannel("kafka.a"))
+    flush(m)
+    m.apply(2, c.Batch((c.DeleteChannel("kafka.a"), c.CreateChannel("kafka.a"),
+                        c.DeleteChannel("kafka.a"))))
+    assert "kafka.a" not in m.channels and len(leftovers()) == 2
+    flush(m)
+    assert leftovers() == []
+    m.apply(3, c.CreateChannel("kafka.b"))
+    flush(m)
+    m.apply(4, c.DeleteChannel("kafka.b"))
+    m.close()  # a crash before the flush
+    assert len(leftovers()) == 1
+    again = StateMachine(tmp_path, replicated=True)
+    again.recover(0)
+    assert leftovers() == []
+    again.close()
