@@ -2,12 +2,11 @@
 
 A channel directory holds segments (see segment.py and index.py for their files)
 and a ``log-start`` checkpoint: the decimal first available Sequence, written with
-``fsutil.write_atomic`` whenever truncate_prefix or retention moves it.
+``fsutil.write_atomic`` by the flush after truncate_prefix or retention moves it.
 ``config.json`` belongs to the caller.
 
 Every method of ``ChannelLog`` is reactor-thread only and never calls fsync,
-except ``open``/``close`` (start-up and shut-down) and ``truncate_prefix`` /
-retention (the tiny checkpoint). Durability comes from group commit::
+except ``open``/``close`` (start-up and shut-down). Durability comes from group commit::
 
     token = log.prepare_flush()       # reactor: capture fds and the Sequence covered
     token.run()                       # I/O thread: fdatasync/fsync, index renames
@@ -84,7 +83,7 @@ class FlushToken:
     """
 
     __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done",
-                 "abandoned", "ranges")
+                 "abandoned", "ranges", "log_start")
 
     def __init__(self, serial: int, covers: int, fds: list[int], index_jobs: list, sync_dir: bool,
                  directory: Path) -> None:
@@ -99,6 +98,7 @@ class FlushToken:
         # be gone under it, and nothing it covers needs to be durable any more.
         self.abandoned = False
         self.ranges: list[tuple[Segment, int, int]] = []  # what it makes durable (page cache)
+        self.log_start: bytes | None = None  # a new ``log-start`` file to write, if any
 
     def run(self) -> None:
         """fdatasync the data, make rolled segments' indexes durable, fsync the directory.
@@ -112,7 +112,9 @@ class FlushToken:
                 for fd, part, final in files:
                     os.fsync(fd)
                     os.replace(part, final)
-            if self.sync_dir or self.index_jobs:
+            if self.log_start is not None:
+                fsutil.write_atomic(self.directory / LOG_START_FILE, self.log_start)
+            elif self.sync_dir or self.index_jobs:
                 fsutil.fsync_dir(self.directory)
         except OSError:
             if not self.abandoned:
@@ -164,6 +166,7 @@ class ChannelLog:
         self._retired_fds: set[int] = set()
         self._index_jobs: list = []
         self._sync_dir = False
+        self._log_start_due: bytes | None = None  # written by the next flush
         self._tokens: deque[FlushToken] = deque()
         self._serial = 0
         self.truncated_bytes = 0  # bytes cut off by the last recovery (torn tails)
@@ -486,13 +489,15 @@ class ChannelLog:
         Tokens must be ``complete_flush``-ed after their ``run`` returned; they may
         overlap, and durable_sequence advances in preparation order.
         """
-        if not self._dirty_fds and not self._index_jobs and not self._sync_dir:
+        if (not self._dirty_fds and not self._index_jobs and not self._sync_dir
+                and self._log_start_due is None):
             return None
         self._serial += 1
         fds = list(self._dirty_fds)
         for fd in fds:
             self._fd_refs[fd] = self._fd_refs.get(fd, 0) + 1
         token = FlushToken(self._serial, self._next, fds, self._index_jobs, self._sync_dir, self._dir)
+        token.log_start, self._log_start_due = self._log_start_due, None
         if self.page_cache is not None:
             for seg in [s for s, _files in self._index_jobs] + [self._active]:
                 if seg.size > seg.budgeted:
@@ -722,7 +727,12 @@ class ChannelLog:
         return self._log_start
 
     def _write_log_start(self) -> None:
-        fsutil.write_atomic(self._dir / LOG_START_FILE, f"{self._log_start}\n".encode())
+        """The ``log-start`` file is rewritten by the next flush, on the I/O thread (its fsyncs
+        and the directory's): written here, a retention pass over 1,856 expired partitions
+        held the reactor 1.5 s. Until then a crash finds the older value, as it finds the
+        dropped segments' unlinks unsynced; recovery (or, on a cluster, replay from the
+        checkpoint that flush precedes) drops them again."""
+        self._log_start_due = f"{self._log_start}\n".encode()
 
     def _drop_first_segment(self) -> None:
         seg = self._segments.pop(0)

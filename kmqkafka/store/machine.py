@@ -475,6 +475,7 @@ class StateMachine:
 
     def _apply_TruncatePrefix(self, cmd: c.TruncatePrefix) -> int:
         start = self.channel(cmd.name).truncate_prefix(cmd.sequence)
+        self._dirty.add(cmd.name)  # its new log-start file goes with the next flush
         self._on_advance(cmd.name)
         return start
 
@@ -483,6 +484,7 @@ class StateMachine:
         for name, ch in self.channels.items():
             n = ch.enforce_retention(cmd.now_ms)
             if n:
+                self._dirty.add(name)  # its new log-start file goes with the next flush
                 dropped += n
                 log.info("retention dropped {n} segment(s) of {channel}", n=n, channel=name)
         return dropped

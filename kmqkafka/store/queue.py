@@ -409,7 +409,7 @@ class QueueChannel:
             self._messages.complete_flush(token.messages)
         if token.state is not None:
             self._state.complete_flush(token.state)
-        # truncate_prefix writes a small checkpoint synchronously: do it in steps.
+        # Each truncate_prefix rewrites a small checkpoint (at the next flush): in steps.
         if token.state is not None and token.floor >= self._truncated_to + TRUNCATE_STEP:
             self._truncated_to = token.floor
             self._messages.truncate_prefix(token.floor)

@@ -418,3 +418,20 @@ def test_a_roll_after_a_flush_closes_the_old_segments_write_fd(tmp_path: Path) -
     assert open_fds() <= before + 2 * 50 + 2
     assert not log._retired_fds
     log.close()
+
+
+def test_a_new_log_start_is_written_by_the_next_flush(log: ChannelLog) -> None:
+    """truncate_prefix and retention move log_start at once for readers; its file is
+    rewritten (fsyncs and all) by the next flush, on the I/O thread, not on the reactor."""
+    for i in range(30):
+        log.append(make_batch(1, value=f"v{i}".encode()), 0)
+    flush(log)
+    path = log.directory / "log-start"
+    before = path.read_bytes() if path.exists() else None
+    assert log.truncate_prefix(12) == 12 and log.log_start == 12
+    assert (path.read_bytes() if path.exists() else None) == before
+    flush(log)
+    assert path.read_bytes() == b"12\n"
+    again = reopen(log)
+    assert again.log_start == 12
+    again.close()
