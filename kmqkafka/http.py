@@ -5,11 +5,16 @@ listeners are open) and 503 otherwise, so orchestration can wait on it.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from twisted.internet import threads
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import Request, Site
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+log = Logger()
 
 
 class MetricsResource(Resource):
@@ -21,9 +26,39 @@ class MetricsResource(Resource):
         super().__init__()
         self._registry = registry
 
-    def render_GET(self, request: Request) -> bytes:
+    def render_GET(self, request: Request) -> Any:
+        """Collect on the reactor (the collectors read live broker state), format the text on
+        a worker thread: at 6,000 partitions formatting took two thirds of a 140-290 ms
+        scrape, every client of the node waiting behind it."""
         request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode("ascii"))
-        return generate_latest(self._registry)
+        collected = _Collected(list(self._registry.collect()))
+        d = threads.deferToThread(generate_latest, collected)
+        gone: list[bool] = []
+        request.notifyFinish().addErrback(lambda _f: gone.append(True))
+
+        def send(body: bytes) -> None:
+            if not gone:
+                request.write(body)
+                request.finish()
+
+        def failed(failure: Failure) -> None:
+            log.failure("rendering /metrics failed", failure)
+            if not gone:
+                request.setResponseCode(500)
+                request.finish()
+
+        d.addCallbacks(send, failed)
+        return NOT_DONE_YET
+
+
+class _Collected:
+    """Metric families already collected, as a collector ``generate_latest`` can format."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self._families)
 
 
 class HealthResource(Resource):
