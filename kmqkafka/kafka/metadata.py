@@ -63,18 +63,18 @@ def _all_topics(request: Any, ctx: RequestContext, topics: TopicCatalog) -> Any:
     as long as the catalog, this node's view of the cluster and the request's options are
     unchanged. Built afresh for 2,000 topics it took 40 ms of the reactor, and a burst of
     clients asking at once stalled the node long enough to cost a Raft leader its term."""
-    state, listed = topics.listing()
+    listed = topics.listing()
     view = _view(ctx)
     key = (ctx.api_version, ctx.listener, view,
            bool(getattr(request, "include_topic_authorized_operations", False)),
            bool(getattr(request, "include_cluster_authorized_operations", False)))
     cache: OrderedDict = ctx.broker.extras.setdefault("metadata_full", OrderedDict())
     found = cache.get(key)
-    if found is not None and found[0] is state[0] and found[1] == state[1]:
+    if found is not None and found[0] is listed:
         cache.move_to_end(key)
-        return shared.share(found[2])
+        return shared.share(found[1])
     response = _respond([(t.name, t, None, None) for t in listed], request, ctx, view)
-    cache[key] = (state[0], state[1], response)
+    cache[key] = (listed, response)
     cache.move_to_end(key)
     while len(cache) > _FULL_CACHE:
         cache.popitem(last=False)

@@ -369,11 +369,10 @@ class TopicCatalog:
     def all(self) -> list[Topic]:
         return list(self._listing()[2])
 
-    def listing(self) -> tuple[tuple[object, int], tuple[Topic, ...]]:
-        """Every topic sorted by name, with the catalog state it was read from (equal states:
-        the same topics)."""
-        listed = self._listing()
-        return (listed[0], listed[1]), listed[2]
+    def listing(self) -> tuple[Topic, ...]:
+        """Every topic sorted by name: the same tuple object for as long as the catalog is
+        unchanged, so a caller may cache what it derives from it by identity."""
+        return self._listing()[2]
 
     def _listing(self) -> tuple[object, int, tuple[Topic, ...], dict[uuid.UUID, Topic]]:
         keyed, version = self._store.keyed_state(CONFIG_FAMILY)

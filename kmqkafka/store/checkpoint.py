@@ -194,7 +194,7 @@ def truncate_tail(directory: Path, next_sequence: int) -> int:
         if base >= next_sequence and not (empty_at_cut and base == next_sequence):
             removed += unlink_segment(base)
     if not keep:
-        if empty_at_cut and not removed and len(bases) == 1:
+        if empty_at_cut and len(bases) == 1:
             return 0
         if bases:
             # Everything beyond the cut was dropped: restart numbering exactly at the cut.
