@@ -10,10 +10,12 @@ The checkpoint journal ``{data_dir}/applied-index`` answers that. Each group-com
 fdatasyncing every dirty segment, appends (and fdatasyncs) one record::
 
     u32 length, u32 crc32c(payload), payload = JSON
-    {"applied": K, "channels": {name: next_sequence | null}, "full": bool}
+    {"applied": K, "channels": {name: next_sequence | null}, "full": bool,
+     "keyed": {family: [generation, next_sequence]}}
 
 meaning: every command up to Raft index K is applied and durable, and at K each listed Events
-Store channel ended at ``next_sequence`` (``null``: it did not exist). Only channels touched
+Store channel ended at ``next_sequence`` (``null``: it did not exist), and each coordinator
+family's current generation (keyed.py) at its ``next_sequence``. Only channels touched
 since the previous record are listed; a ``full`` record lists every Events Store channel and
 starts a new file (written ``.part``, fsynced, renamed: the snapshot-and-roll), so the journal
 stays small. Reading folds the records in order; a torn or CRC-failing tail is ignored.
@@ -24,12 +26,18 @@ Recovery (``StateMachine.recover`` in replicated mode), before any channel is op
   it were applied after K and will be applied again from the Raft log;
 - a channel listed as ``null``, or not listed at all, did not exist at K (every channel that
   existed at K is in the folded map): its directory is removed and replay re-creates it;
+- each coordinator family is cut back the same way (``keyed.cut_back``), to the generation it
+  had at K if a roll since has not been checkpointed. Replay must meet the state of K there:
+  a compare-and-set command (a topic created and then altered, say) checks values that later
+  commands change, and against their values it failed, so the topic's channels were never
+  re-created;
 - ``last_applied`` becomes K, and the driver replays committed Raft entries after K.
 
 Commands whose effect is already on disk are made harmless on replay by that cut. Catalog
 commands are idempotent by construction (CreateChannel of an existing channel fails without
-changing anything; a replayed DeleteChannel finds nothing), coordinator ``KeyedPut`` writes the
-same values again, retention and DeleteRecords only move the log start forward. Queue channels
+changing anything; a replayed DeleteChannel finds nothing), retention and DeleteRecords only
+move the log start forward. Records without ``keyed`` (older versions) leave the families as
+they are. Queue channels
 (messages log plus delivery journal) are NOT cut back yet: a Queue command applied after the
 last checkpoint may be applied twice after a crash (documented gap).
 """
@@ -65,11 +73,16 @@ class Checkpoint:
 
     applied: int = 0
     channels: dict[str, int | None] = field(default_factory=dict)
+    keyed: dict[str, tuple[int, int]] = field(default_factory=dict)  # family: (gen, next)
 
 
-def _record(applied: int, channels: dict[str, int | None], full: bool) -> bytes:
-    payload = json.dumps({"applied": applied, "channels": channels, "full": full},
-                         separators=(",", ":"), sort_keys=True).encode()
+KeyedEnds = dict[str, tuple[int, int]]
+
+
+def _record(applied: int, channels: dict[str, int | None], full: bool,
+            keyed: KeyedEnds) -> bytes:
+    payload = json.dumps({"applied": applied, "channels": channels, "full": full,
+                          "keyed": keyed}, separators=(",", ":"), sort_keys=True).encode()
     return _REC.pack(len(payload), crc32c(payload)) + payload
 
 
@@ -80,7 +93,7 @@ def read(data_dir: Path) -> Checkpoint | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    applied, channels = 0, {}
+    applied, channels, keyed = 0, {}, {}
     pos = 0
     while pos + _REC.size <= len(data):
         length, crc = _REC.unpack_from(data, pos)
@@ -92,8 +105,9 @@ def read(data_dir: Path) -> Checkpoint | None:
             channels = {}
         applied = max(applied, int(rec["applied"]))
         channels.update(rec["channels"])
+        keyed.update({f: (int(g), int(n)) for f, (g, n) in rec.get("keyed", {}).items()})
         pos += _REC.size + length
-    return Checkpoint(applied, channels)
+    return Checkpoint(applied, channels, keyed)
 
 
 class CheckpointToken:
@@ -126,12 +140,14 @@ class CheckpointJournal:
         return applied > self._prepared
 
     def prepare(self, applied: int, touched: dict[str, int | None],
-                everything: Callable[[], dict[str, int | None]]) -> CheckpointToken:
+                everything: Callable[[], dict[str, int | None]],
+                keyed: KeyedEnds) -> CheckpointToken:
         """A token recording ``applied``; rolls to a full record once the file is large.
         ``everything()`` (every channel's end) is called only then: building it on every
-        group commit cost a node with 6,000 partitions 9 % of its CPU."""
+        group commit cost a node with 6,000 partitions 9 % of its CPU. ``keyed``: every
+        coordinator family's (generation, next_sequence), flushed by the same group."""
         full = self._size >= ROLL_BYTES or self._size == 0
-        record = _record(applied, everything() if full else touched, full)
+        record = _record(applied, everything() if full else touched, full, keyed)
         self._size = len(record) if full else self._size + len(record)
         self._prepared = applied
         return CheckpointToken(self, applied, record, full)
@@ -152,9 +168,10 @@ class CheckpointJournal:
     def complete_flush(self, token: CheckpointToken) -> None:
         self.durable_applied = max(self.durable_applied, token.applied)
 
-    def reset(self, applied: int, everything: dict[str, int | None]) -> None:
+    def reset(self, applied: int, everything: dict[str, int | None],
+              keyed: KeyedEnds) -> None:
         """Start over with one full record (after a snapshot restore or on adoption). Blocking."""
-        record = _record(applied, everything, True)
+        record = _record(applied, everything, True, keyed)
         fsutil.write_atomic(self.path, record)
         self._size = len(record)
         self._prepared = self.durable_applied = applied

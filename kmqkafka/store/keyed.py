@@ -38,12 +38,17 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from twisted.logger import Logger
+
 from kmqkafka import records as rec
 from kmqkafka.records import NewRecord, Record
 from kmqkafka.store import fsutil, names
+from kmqkafka.store.checkpoint import truncate_tail
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore
 from kmqkafka.store.log import ChannelLog, FlushToken
+
+log = Logger()
 
 RESERVED_FAMILIES = ("offsets", "groups", "config", "txn")
 
@@ -80,6 +85,32 @@ def replay_log(log: ChannelLog) -> Iterator[Record]:
                     if record.offset + 1 >= seq:
                         yield record
             seq = header.last_offset + 2
+
+
+def family_paths(root: Path, family: str) -> tuple[str, Path]:
+    """(generation directory stem, pointer file) of coordinator ``family`` under ``root``."""
+    return (names.dir_name(f"{names.RESERVED_PREFIX}{family}."),
+            root / f"{names.RESERVED_PREFIX}{family}.CURRENT")
+
+
+def cut_back(root: Path, family: str, generation: int, next_sequence: int) -> int:
+    """Make ``family`` what it was at a checkpoint: generation ``generation`` (the pointer is
+    switched back when a later roll's pointer got written but no checkpoint named it yet; the
+    old generation is only removed after one has) ending at ``next_sequence``. Blocking,
+    start-up only, before ``KeyedLog.open``; returns the bytes removed."""
+    stem, pointer = family_paths(root, family)
+    path = root / f"{stem}{generation}"
+    if not path.is_dir():
+        log.warn("coordinator family {family}: generation {gen} of the checkpoint is gone; "
+                 "left as it is", family=family, gen=generation)
+        return 0
+    try:
+        current = int(pointer.read_bytes().decode("ascii").strip())
+    except (FileNotFoundError, ValueError):
+        current = None
+    if current != generation:
+        fsutil.write_atomic(pointer, str(generation).encode("ascii"))
+    return truncate_tail(path, next_sequence)
 
 
 def chunk_records(records: Iterable[NewRecord]) -> Iterator[list[NewRecord]]:
@@ -320,12 +351,11 @@ class KeyedLog:
         """Open or create ``family`` under ``root`` and replay its current generation."""
         if family not in RESERVED_FAMILIES:
             raise ValueError(f"unknown coordinator family {family!r}")
-        stem = names.dir_name(f"{names.RESERVED_PREFIX}{family}.")
-        pointer = root / f"{names.RESERVED_PREFIX}{family}.CURRENT"
-        log = SnapshotLog.open(root, stem, pointer, INTERNAL_LOG_CONFIG, now_ms)
-        keyed = cls(family, log, roll_min_records)
+        stem, pointer = family_paths(root, family)
+        snapshots = SnapshotLog.open(root, stem, pointer, INTERNAL_LOG_CONFIG, now_ms)
+        keyed = cls(family, snapshots, roll_min_records)
         data = keyed._data
-        for record in log.records():
+        for record in snapshots.records():
             if record.key is None:
                 raise CorruptStore(f"{family}: record without a key at offset {record.offset}")
             if record.value is None:
@@ -337,6 +367,11 @@ class KeyedLog:
     @property
     def generation(self) -> int:
         return self._log.generation
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(generation, next_sequence) of everything put so far: what a checkpoint records."""
+        return self._log.generation, self._log.log.next_sequence
 
     @property
     def rolling(self) -> bool:

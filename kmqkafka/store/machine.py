@@ -42,7 +42,8 @@ from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import ChannelExists, ChannelNotFound, KeyConflict, StoreError
 from kmqkafka.store.fsutil import fsync_dir, write_atomic
 from kmqkafka.store.keyed import RESERVED_FAMILIES, KeyedLog
-from kmqkafka.store.log import ChannelLog
+from kmqkafka.store.keyed import cut_back as keyed_cut_back
+from kmqkafka.store.log import CONFIG_FILE, ChannelLog
 from kmqkafka.store.names import check_channel_name, dir_name, from_dir_name, is_shortened
 from kmqkafka.store.pagecache import PageCacheBudget
 from kmqkafka.store.producer_state import WINDOW as PRODUCER_WINDOW
@@ -159,12 +160,18 @@ class StateMachine:
                              n=cut, channel=name)
             self._open_channel(name, kind, now_ms)
         for family in RESERVED_FAMILIES:
+            at = ckpt.keyed.get(family) if ckpt is not None else None
+            if at is not None:
+                cut = keyed_cut_back(self.coordinator_dir, family, *at)
+                if cut:
+                    log.info("cut {n} byte(s) applied after the checkpoint from {family}",
+                             n=cut, family=family)
             self.keyed[family] = KeyedLog.open(self.coordinator_dir, family, now_ms)
         if self.replicated:
             self.journal = checkpoint.CheckpointJournal(self.data_dir)
             if ckpt is None:
                 # First replicated start: adopt whatever is on disk as the state at index 0.
-                self.journal.reset(self.last_applied, self._channel_ends())
+                self.journal.reset(self.last_applied, self._channel_ends(), self._keyed_ends())
             else:
                 self.last_applied = ckpt.applied
                 self.journal.durable_applied = ckpt.applied
@@ -172,12 +179,15 @@ class StateMachine:
     def _channel_ends(self) -> dict[str, int | None]:
         return {name: ch.next_sequence for name, ch in self.channels.items()}
 
+    def _keyed_ends(self) -> dict[str, tuple[int, int]]:
+        return {family: keyed.position for family, keyed in self.keyed.items()}
+
     def reset_checkpoint(self) -> None:
         """Replicated mode: record the whole current state as durable at ``last_applied``
         (after ``restore``). Blocking."""
         if self.journal is not None:
             self._touched.clear()
-            self.journal.reset(self.last_applied, self._channel_ends())
+            self.journal.reset(self.last_applied, self._channel_ends(), self._keyed_ends())
 
     def _channel_of(self, path: Path) -> str:
         """The channel a directory holds (a shortened name records it in a file)."""
@@ -198,7 +208,7 @@ class StateMachine:
 
     def _open_channel(self, name: str, kind: str, now_ms: int, sync: bool = True) -> None:
         path = self.channels_dir / dir_name(name)
-        config_path = path / "config.json"
+        config_path = path / CONFIG_FILE
         config = (
             LogConfig.from_json(config_path.read_bytes())
             if config_path.exists()
@@ -361,7 +371,7 @@ class StateMachine:
         # the directory and replaying the Raft log creates it again.
         deferred = self.replicated and cmd.kind == KIND_EVENTS
         write = _write_plain if deferred else write_atomic
-        write(final / "config.json", config.to_json())
+        write(final / CONFIG_FILE, config.to_json())
         # The kind file is written last: its presence is what makes the channel exist.
         write(final / "kind", cmd.kind.encode())
         if deferred:
@@ -399,8 +409,8 @@ class StateMachine:
     def _apply_SetChannelConfig(self, cmd: c.SetChannelConfig) -> LogConfig:
         ch = self.channel(cmd.name)
         config = ch.config.with_changes(**cmd.changes)
-        write_atomic(self.channels_dir / dir_name(cmd.name) / "config.json", config.to_json())
-        ch.set_config(config)
+        ch.set_config(config, save=True)
+        self._dirty.add(cmd.name)  # its config.json goes with the next flush
         return config
 
     def _apply_Append(self, cmd: c.Append) -> AppendResult:
@@ -579,22 +589,25 @@ class StateMachine:
             token = target.prepare_flush()
             if token is not None:
                 tokens.append((name, target, token))
+        rolled = False  # a generation pointer switches: the checkpoint must name it
         for family in self._dirty_keyed:
             keyed = self.keyed[family]
             token = keyed.prepare_flush()
             if token is not None:
                 tokens.append((None, keyed, token))
+                rolled = rolled or token.pointer is not None
         self._dirty.clear()
         self._dirty_keyed.clear()
         if self._fresh.pending:  # before the checkpoint, which may name these channels
             fresh, self._fresh = self._fresh, _FreshDirs(self.channels_dir)
             tokens.append((None, fresh, fresh))
-        if self.journal is not None and self.journal.due(self.last_applied):
+        if self.journal is not None and (self.journal.due(self.last_applied) or rolled):
             # Last: run_flush writes it only after every segment above is fdatasynced.
             touched = {n: (self.channels[n].next_sequence if n in self.channels else None)
                        for n in self._touched if n not in self.queues}
             self._touched.clear()
-            token = self.journal.prepare(self.last_applied, touched, self._channel_ends)
+            token = self.journal.prepare(self.last_applied, touched, self._channel_ends,
+                                         self._keyed_ends())
             tokens.append((None, self.journal, token))
         return tokens
 

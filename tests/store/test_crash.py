@@ -253,3 +253,64 @@ def test_a_deleted_channel_directory_goes_with_the_next_flush(tmp_path):
     again.recover(0)
     assert leftovers() == []
     again.close()
+
+
+def test_replay_after_a_crash_meets_the_coordinator_state_of_its_checkpoint(tmp_path):
+    """A topic created (its channels and a compare-and-set catalog entry) and then altered
+    (another compare-and-set of the same key) after the last checkpoint: the crash keeps the
+    coordinator files (the page cache survives kill -9) but removes the channels, which
+    replay re-creates. Replay used to meet the altered entry, fail the create's check, and
+    leave the topic listed with no channels behind it."""
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.machine import BatchFailure, StateMachine
+
+    def flush(m: StateMachine) -> None:
+        tokens = m.prepare_flush()
+        m.run_flush(tokens)
+        m.complete_flush(tokens)
+
+    key = b"topic:t"
+    create = c.Batch(tuple(c.CreateChannel(f"kafka.t~{p}" if p else "kafka.t") for p in range(2))
+                     + (c.KeyedPut("config", ((key, b"v1"),), 0, expect=((key, None),)),))
+    alter = c.Batch((c.KeyedPut("config", ((key, b"v2"),), 0, expect=((key, b"v1"),)),
+                     c.SetChannelConfig("kafka.t", {"retention_ms": 5})))
+    m = StateMachine(tmp_path, replicated=True)
+    m.recover(0)
+    m.apply(1, c.KeyedPut("offsets", ((b"g", b"0"),), 0))
+    flush(m)  # the checkpoint: index 1
+    assert not isinstance(m.apply(2, create), BatchFailure)
+    assert not isinstance(m.apply(3, alter), BatchFailure)
+    m.close()  # every file written, no newer checkpoint: what kill -9 leaves
+
+    again = StateMachine(tmp_path, replicated=True)
+    again.recover(0)
+    assert again.last_applied == 1 and again.keyed["config"].get(key) is None
+    assert again.keyed["offsets"].get(b"g") == b"0"
+    assert not isinstance(again.apply(2, create), BatchFailure)
+    assert not isinstance(again.apply(3, alter), BatchFailure)
+    assert {"kafka.t", "kafka.t~1"} <= set(again.channels)
+    assert again.channel("kafka.t").config.retention_ms == 5
+    assert again.keyed["config"].get(key) == b"v2"
+    again.close()
+
+
+def test_a_coordinator_family_goes_back_to_the_generation_its_checkpoint_names(tmp_path):
+    """A roll's new generation pointer may be durable before the checkpoint naming it (the
+    old generation stays until that flush completes): the cut switches the pointer back."""
+    from kmqkafka.store.keyed import KeyedLog, cut_back
+
+    keyed = KeyedLog.open(tmp_path, "groups", 0, roll_min_records=3)
+    keyed.put_many([(b"a", b"1"), (b"b", b"1")], 0)
+    keyed._log.flush_now()
+    at = keyed.position
+    for i in range(6):  # past the roll threshold: a new generation with a snapshot
+        keyed.put(b"c", b"%d" % i, 0)
+    assert keyed.generation == at[0] + 1
+    token = keyed.prepare_flush()
+    token.run()  # the pointer names the new generation; complete_flush never ran
+    keyed._log._log.close()
+    keyed._log._retired.close()
+    assert cut_back(tmp_path, "groups", *at) >= 0
+    back = KeyedLog.open(tmp_path, "groups", 0)
+    assert back.position == at and dict(back.items()) == {b"a": b"1", b"b": b"1"}
+    back.close()

@@ -435,3 +435,18 @@ def test_a_new_log_start_is_written_by_the_next_flush(log: ChannelLog) -> None:
     again = reopen(log)
     assert again.log_start == 12
     again.close()
+
+
+def test_a_saved_config_is_written_by_the_next_flush(log: ChannelLog) -> None:
+    """set_config applies at once; with ``save`` its config.json is written (fsyncs and all)
+    by the next flush, on the I/O thread, not on the reactor."""
+    path = log.directory / "config.json"
+    before = path.read_bytes() if path.exists() else None
+    changed = log.config.with_changes(retention_ms=123_456)
+    log.set_config(changed, save=True)
+    assert log.config is changed
+    assert (path.read_bytes() if path.exists() else None) == before
+    flush(log)
+    assert LogConfig.from_json(path.read_bytes()) == changed
+    log.set_config(changed.with_changes(retention_ms=7))  # not saved: nothing to flush
+    assert log.prepare_flush() is None

@@ -359,10 +359,10 @@ def test_a_checkpoint_lists_every_channel_only_in_its_full_records(tmp_path):
         built.append(1)
         return {"kafka.a": 5, "kafka.b": 9}
 
-    first = journal.prepare(1, {"kafka.a": 5}, everything)
+    first = journal.prepare(1, {"kafka.a": 5}, everything, {})
     journal.write(first)
     for applied in range(2, 50):
-        journal.write(journal.prepare(applied, {"kafka.a": 5 + applied}, everything))
+        journal.write(journal.prepare(applied, {"kafka.a": 5 + applied}, everything, {}))
     assert first.full and len(built) == 1
 
 
@@ -383,3 +383,22 @@ def test_a_compaction_pass_skips_compacted_channels_without_a_closed_segment(tmp
     proposed.clear()
     assert result_of(store.compact_all(), clock) == 1
     assert proposed.count("Compact") == 1
+
+
+def test_a_config_change_is_written_by_its_flush_and_survives_a_restart(tmp_path, clock):
+    """The apply changes the live config; config.json is rewritten by the group flush that
+    acknowledges it (on the I/O thread), so a restart finds it."""
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.t"), clock)
+    path = next((tmp_path / "data" / "channels").glob("*/config.json"))
+    before = path.read_bytes()
+    d = store.set_config("kafka.t", {"retention_ms": 86_400_000})
+    assert path.read_bytes() == before
+    config = result_of(d, clock)
+    assert config.retention_ms == 86_400_000
+    assert path.read_bytes() != before
+    store.stop()
+    clock.advance(0)
+    again = open_store(tmp_path, clock)
+    assert again.machine.channel("kafka.t").config.retention_ms == 86_400_000
+    again.stop()
