@@ -234,7 +234,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             out.append(succeed((index, exc.code, -1, -1, -1, exc.message)))
             continue
         data = _log_append_time(blob, now_ms) if log_append else blob
-        d = store.append_batch(channel, data, durable=durable)
+        d = store.append_batch(channel, data, durable=durable, checked=True)  # by _check
         metric.labels(topic.name).inc(len(blob))
         d.addCallbacks(_appended, _append_failed,
                        callbackArgs=(index, channel, store, now_ms if log_append else -1),

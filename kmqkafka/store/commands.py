@@ -63,6 +63,10 @@ class Append(Command):
     name: str
     now_ms: int
     batch: bytes = b""
+    # This node validated ``batch`` (CRC and all) before proposing it, so applying it here
+    # skips a second CRC pass (a tenth of a lone broker's produce CPU). Never encoded: every
+    # other node, and a replay, checks the batch.
+    checked: bool = field(default=False, compare=False, metadata={"local": True})
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +212,8 @@ def encode(command: Command) -> bytes:
         small = {}
         payload = b""
         for f in fields(command):
+            if f.metadata.get("local"):
+                continue
             value = getattr(command, f.name)
             if f.name == command.payload_field:
                 payload = bytes(value)

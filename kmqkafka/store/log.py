@@ -404,11 +404,13 @@ class ChannelLog:
 
     # --- append ---------------------------------------------------------------------
 
-    def append(self, batch: bytes | bytearray | memoryview, now_ms: int) -> tuple[int, int]:
+    def append(self, batch: bytes | bytearray | memoryview, now_ms: int, *,
+               checked: bool = False) -> tuple[int, int]:
         """Store one whole batch; return its (first, last) Sequence. No fsync.
 
         Raises records.InvalidBatch (nothing stored) unless ``batch`` is exactly one
-        valid RecordBatch v2.
+        valid RecordBatch v2; ``checked``: the caller ran ``records.validate_batch`` on these
+        bytes, so only the header is read here (no second CRC pass).
 
         With producer checks on (``producer_window``), a batch with a producer id (>= 0, not
         a control batch) is checked first (``ProducerState.check``): an out-of-order sequence
@@ -417,7 +419,7 @@ class ChannelLog:
         the original's (first, last) come back, first below the ``next_sequence`` this call
         started from, which is how a caller tells a duplicate apart.
         """
-        header = records.validate_batch(batch)
+        header = (records.read_header if checked else records.validate_batch)(batch)
         if header.size != len(batch):
             raise records.InvalidBatch("expected exactly one batch")
         producers = self.producers

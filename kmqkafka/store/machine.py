@@ -419,7 +419,7 @@ class StateMachine:
         raises OutOfOrderSequence / InvalidProducerEpoch, or answers a duplicate)."""
         ch = self.channel(cmd.name)
         before = ch.next_sequence
-        first, last = ch.append(cmd.batch, cmd.now_ms)
+        first, last = ch.append(cmd.batch, cmd.now_ms, checked=cmd.checked)
         if first < before:
             return self._duplicate(ch, cmd, first, last)
         self._dirty.add(cmd.name)

@@ -340,7 +340,7 @@ class ChannelStore:
 
     def append_batch(
         self, name: str, batch: bytes | bytearray | memoryview, *, durable: bool = True,
-        internal: bool = False,
+        internal: bool = False, checked: bool = False,
     ) -> Deferred:
         """Append one raw RecordBatch v2 as sent by a client; fires with AppendResult.
 
@@ -349,13 +349,16 @@ class ChannelStore:
         still only see it after the group fsync. A batch with a producer id is checked
         when applied (``store/producer_state.py``): it fails with OutOfOrderSequence or
         InvalidProducerEpoch, or, as a retry of a stored batch, fires with an AppendResult
-        marked ``duplicate`` that carries the original's Sequences.
+        marked ``duplicate`` that carries the original's Sequences. ``checked``: the caller
+        validated the batch (``records.validate_batch``) and it is applied on this node
+        without a second CRC pass.
         """
         try:
             self._check(name, internal)
         except Exception as exc:
             return _failed(exc)
-        return self.propose(c.Append(name, self.now_ms(), bytes(batch)), durable=durable)
+        return self.propose(c.Append(name, self.now_ms(), bytes(batch), checked=checked),
+                            durable=durable)
 
     def append_records(
         self, name: str, records: Sequence[NewRecord], *, internal: bool = False,

@@ -43,3 +43,11 @@ def test_garbage_is_rejected():
         c.decode(b"\xff\x00\x00\x00\x00")
     with pytest.raises(ValueError):
         c.decode(b"\x01")
+
+
+def test_a_checked_append_is_encoded_as_any_other():
+    """``checked`` is this node's knowledge (the produce path validated the batch): it never
+    reaches the Raft log, so every other node, and a replay, checks the batch itself."""
+    checked = c.Append("kafka.t", 5, b"batch", checked=True)
+    assert c.encode(checked) == c.encode(c.Append("kafka.t", 5, b"batch"))
+    assert c.decode(c.encode(checked)).checked is False

@@ -450,3 +450,23 @@ def test_a_saved_config_is_written_by_the_next_flush(log: ChannelLog) -> None:
     assert LogConfig.from_json(path.read_bytes()) == changed
     log.set_config(changed.with_changes(retention_ms=7))  # not saved: nothing to flush
     assert log.prepare_flush() is None
+
+
+def test_only_an_unchecked_append_verifies_the_crc(log: ChannelLog,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The produce path validates each batch before proposing it; applying it again on the
+    same node skips the second CRC pass. Anything else is verified as before."""
+    bad = bytearray(make_batch(1, value=b"x"))
+    bad[-1] ^= 0xFF  # the CRC covers the records
+    with pytest.raises(records.InvalidBatch):
+        log.append(bytes(bad), 0)
+    assert log.next_sequence == 1
+    y, z = make_batch(1, value=b"y"), make_batch(1, value=b"z")
+    passes: list[int] = []
+    real = records.crc32c
+    monkeypatch.setattr(records, "crc32c", lambda data: passes.append(1) or real(data))
+    log.append(y, 0)
+    assert len(passes) == 1
+    passes.clear()
+    log.append(z, 0, checked=True)
+    assert passes == [] and log.next_sequence == 3
