@@ -72,6 +72,14 @@ def channel_config(kafka: BrokerProcess, topic: str, partition: int,
         time.sleep(0.05)
 
 
+def restarted(b: BrokerProcess, topic: str, *, crash: bool) -> tuple[AdminClient, dict]:
+    """Stop (or kill -9) and restart ``b``; a new admin client and ``topic``'s configs."""
+    b.kill() if crash else b.stop()
+    b.restart()
+    client = AdminClient({"bootstrap.servers": b.bootstrap})
+    return client, describe(client, topic)
+
+
 # --- DescribeConfigs --------------------------------------------------------------------
 
 
@@ -346,10 +354,7 @@ def test_topic_configs_and_partitions_survive_restart(tmp_path: Path) -> None:
             ConfigEntry("segment.bytes", "2000000", incremental_operation=AlterConfigOpType.SET)])
         (future,) = client.incremental_alter_configs([resource]).values()
         future.result(WAIT)
-        b.stop()
-        b.restart()
-        client = AdminClient({"bootstrap.servers": b.bootstrap})
-        configs = describe(client, "durable-cfg")
+        client, configs = restarted(b, "durable-cfg", crash=False)
         assert configs["retention.bytes"].value == "12345"
         assert configs["segment.bytes"].value == "2000000"
         md = client.list_topics("durable-cfg", timeout=WAIT)
@@ -505,10 +510,7 @@ def test_a_topic_created_and_altered_just_before_kill_9_is_whole_after_restart(
                         incremental_operation=AlterConfigOpType.SET)])]
         for future in client.incremental_alter_configs(resources).values():
             future.result(WAIT)
-        b.kill()
-        b.restart()
-        client = AdminClient({"bootstrap.servers": b.bootstrap})
-        configs = describe(client, "crash-cfg")
+        _client, configs = restarted(b, "crash-cfg", crash=True)
         assert configs["retention.ms"].value == "4242424"
         assert configs["cleanup.policy"].value == "compact"
         for p in range(4):
