@@ -1,8 +1,11 @@
 """InitProducerId (key 22): producer ids for idempotent producers; DescribeProducers (key 61).
 
-Ids are unique for the life of the store: they are handed out from blocks
-whose end is made durable in the ``txn`` coordinator family before any id in
-the block is used, so a restart never reuses one. Transactional ids need the
+Ids are unique for the life of the store and across a cluster: each node hands them out from
+blocks it claims with a compare-and-set of the stored block end in the ``txn`` coordinator
+family, durable before any id of the block is used, so neither a restart nor another node
+ever hands one out again. (Each node used to extend its own block from its own counter, so
+two nodes gave out the same ids, and the second producer's acknowledged batches were
+dropped as the first one's retries.) Transactional ids need the
 transaction coordinator, which this broker does not run yet: such requests get
 COORDINATOR_NOT_AVAILABLE (the client retries), never a half-working answer.
 
@@ -19,19 +22,25 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, DeferredLock
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import RequestContext
-from kmqkafka.kafka.errors import KafkaError
+from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import TopicCatalog, validate_topic_name
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.errors import KeyConflict
 from kmqkafka.store.names import channel_for
+
+log = Logger()
 
 API_KEY = 22
 DESCRIBE_PRODUCERS = 61
 MIN_VERSION = 0
 MAX_VERSION = 5
 BLOCK = 1000
+_CLAIM_TRIES = 16
 _KEY = b"producer_id.block_end"
 FAMILY = "txn"
 
@@ -50,16 +59,26 @@ class ProducerIds:
         return self._lock.run(self._allocate)
 
     async def _allocate_async(self) -> int:
-        if self._next is None:
-            raw = self._store.keyed_get(FAMILY, _KEY)
-            self._next = self._block_end = int(raw) if raw else 0
-        if self._next >= self._block_end:
-            end = self._next + BLOCK
-            await self._store.keyed_put(FAMILY, [(_KEY, str(end).encode())])
-            self._block_end = end
+        if self._next is None or self._next >= self._block_end:
+            self._next, self._block_end = await self._claim_block()
         pid = self._next
         self._next += 1
         return pid
+
+    async def _claim_block(self) -> tuple[int, int]:
+        """[start, end) past every block claimed so far, by any node. A lost race (another
+        node's claim applied first) is applied here too by the time it fails: read again."""
+        for _ in range(_CLAIM_TRIES):
+            raw = self._store.keyed_get(FAMILY, _KEY)
+            start = int(raw) if raw else 0
+            try:
+                await self._store.keyed_put(FAMILY, [(_KEY, str(start + BLOCK).encode())],
+                                            expect=[(_KEY, raw)])
+            except KeyConflict:
+                continue
+            return start, start + BLOCK
+        raise KafkaError(ErrorCode.coordinator_load_in_progress,
+                         "producer id blocks are being claimed by other nodes; retry")
 
     def _allocate(self) -> Deferred:
         return Deferred.fromCoroutine(self._allocate_async())
@@ -82,9 +101,19 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     # its epoch itself): answering that id's next epoch would let any client fence any
     # producer.
     d = _ids(ctx).allocate()
-    return d.addCallback(lambda new_pid: make(
+    d.addCallback(lambda new_pid: make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         producer_id=new_pid, producer_epoch=0))
+    return d.addErrback(_refused, ctx)
+
+
+def _refused(failure: Failure, ctx: RequestContext) -> Any:
+    """No leader, a lost proposal, claims racing: an error the client retries on."""
+    code = error_code_for(failure.value)
+    if code is ErrorCode.unknown_server_error:
+        log.failure("InitProducerId failed", failure)
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code,
+                producer_id=-1, producer_epoch=-1)
 
 
 def describe(request: Any, ctx: RequestContext) -> Any:

@@ -502,9 +502,13 @@ class ChannelStore:
         keyed = self.machine.keyed[family]
         return keyed, keyed.version
 
-    def keyed_put(self, family: str, pairs: Iterable[tuple[bytes, bytes | None]]) -> Deferred:
-        """Durably write coordinator state (a None value deletes the key)."""
-        return self.propose(c.KeyedPut(family, tuple(pairs), self.now_ms()))
+    def keyed_put(self, family: str, pairs: Iterable[tuple[bytes, bytes | None]], *,
+                  expect: Iterable[tuple[bytes, bytes | None]] = ()) -> Deferred:
+        """Durably write coordinator state (a None value deletes the key). With ``expect``
+        ((key, value) pairs, None: absent) the write is a compare-and-set, decided when the
+        command applies: it fails with KeyConflict if any of those keys then differs."""
+        return self.propose(c.KeyedPut(family, tuple(pairs), self.now_ms(),
+                                       expect=tuple(expect)))
 
     def drain(self) -> Deferred:
         """Fire once everything written so far is durable."""

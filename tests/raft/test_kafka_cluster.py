@@ -268,6 +268,34 @@ def test_raw_produce_and_admin_sent_straight_to_a_follower(cluster: Cluster):
     assert r.error_code == E.none and r.producer_id >= 0
 
 
+def test_producer_ids_are_unique_across_the_nodes(cluster: Cluster):
+    """Each node hands out ids from blocks it claims with a compare-and-set. Each used to
+    extend its own block from its own counter: an id handed out by the leader went to a
+    producer on a follower too, and the idempotent checks then dropped the second producer's
+    acknowledged first batch as a retry of the first's."""
+    from kmqkafka.kafka.producers import BLOCK
+
+    Ip = req("init_producer_id", 4, "InitProducerIdRequest")
+    leader = cluster.leader()
+    follower = cluster.follower()
+    given: list[int] = []
+
+    def init(raw: RawClient) -> None:
+        r = raw.call(Ip(transactional_id=None, transaction_timeout=ms(60000),
+                        producer_id=-1, producer_epoch=-1))
+        assert r.error_code == E.none, r
+        given.append(r.producer_id)
+
+    with RawClient(cluster.kafka_ports[leader]) as on_leader, \
+            RawClient(cluster.kafka_ports[follower]) as on_follower:
+        init(on_leader)
+        init(on_follower)
+        for _ in range(BLOCK):  # past the end of the leader's block
+            init(on_leader)
+        init(on_follower)
+    assert len(set(given)) == len(given), sorted(given)
+
+
 def test_a_topic_changed_through_the_leader_is_known_at_once_on_every_node(cluster: Cluster):
     """Admin clients create or grow a topic through the controller and at once describe it
     through any node: a follower must not answer with what it held before the change (it
