@@ -167,6 +167,7 @@ class ChannelLog:
         # reaches its delete horizon (a pass is due then even without new dirt).
         self._cleaned_to = 0
         self._tombstones_due: int | None = None
+        self._cleaning = False  # a compaction plan is out (compaction_plan)
         self._fd_refs: dict[int, int] = {}
         self._retired_fds: set[int] = set()
         self._index_jobs: list = []
@@ -787,9 +788,14 @@ class ChannelLog:
         oldest dirt is older than ``max.compaction.lag.ms``, or when a kept tombstone's delete
         horizon has passed. The plan holds its own fds, so later retention or closes cannot
         disturb it.
+
+        One plan at a time, as Kafka's cleaner manager marks a partition in progress: None
+        until ``install_compaction`` or ``abandon_compaction``. Every node of a cluster
+        proposes its own Compact commands, and two plans for one segment wrote the same
+        ``.cleaned`` files: one installed the other's half-written output, or found it gone.
         """
         cfg = self._config
-        if not cfg.compact:
+        if not cfg.compact or self._cleaning:
             return None
         cleanable: list[Segment] = []
         for seg in self._segments[:-1]:
@@ -823,6 +829,7 @@ class ChannelLog:
                                          os.open(seg.path(), os.O_RDONLY)))
         if not sources:
             return None
+        self._cleaning = True
         return CompactionPlan(
             directory=self._dir,
             sources=sources,
@@ -841,6 +848,7 @@ class ChannelLog:
         directory fsync rides on the next flush (either version of a file is valid).
         """
         installed = 0
+        self._cleaning = False
         self._cleaned_to = max(self._cleaned_to, result.bound)
         self._tombstones_due = result.tombstones_due
         for cleaned in result.segments:
@@ -870,6 +878,10 @@ class ChannelLog:
         if installed:
             self._sync_dir = True
         return installed
+
+    def abandon_compaction(self) -> None:
+        """The plan's cleaning failed: the next ``compaction_plan`` may start another."""
+        self._cleaning = False
 
     # --- shutdown -------------------------------------------------------------------
 

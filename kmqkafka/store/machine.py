@@ -521,6 +521,12 @@ class StateMachine:
             for cleaned in result.segments:
                 cleaned.discard()
 
+    def abandon_compaction(self, name: str, owner: object) -> None:
+        """The cleaner failed on ``owner``'s plan: let the channel plan again."""
+        ch = self.channels.get(name)
+        if ch is not None and ch is owner:
+            ch.abandon_compaction()
+
     def _apply_QueueSend(self, cmd: c.QueueSend) -> list[int]:
         queue = self.queue(cmd.name)
         recs = [

@@ -441,11 +441,15 @@ class ChannelStore:
             self._advanced(name)
             return True
 
+        def abandon(failure: Any) -> Any:
+            self.machine.abandon_compaction(name, plan.owner)
+            return failure
+
         def done(outcome: Any) -> Any:
             self._compacting.discard(name)
             return outcome
 
-        return d.addCallback(install).addBoth(done)
+        return d.addCallbacks(install, abandon).addBoth(done)
 
     # --- queues -----------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -255,13 +256,24 @@ def test_a_pass_runs_only_for_new_dirt_or_due_tombstones(tmp_path: Path) -> None
         log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"u%02d" % i]), 0)
     flush(log)
     assert _compact(log, 0) > 0
-    assert log.compaction_plan(10) is None          # nothing new since
-    assert log.compaction_plan(COMPACT.delete_retention_ms) is not None  # the tombstone's due
+    assert not _due(log, 10)                        # nothing new since
+    assert _due(log, COMPACT.delete_retention_ms)   # the tombstone's horizon
     for i in range(12):
         log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"w%02d" % i]), 2_000)
     flush(log)
-    assert log.compaction_plan(2_001) is not None   # new closed segments
+    assert _due(log, 2_001)                         # new closed segments
     log.close()
+
+
+def _due(log: ChannelLog, now_ms: int) -> bool:
+    """Whether a pass is due at ``now_ms`` (a plan made to tell is abandoned)."""
+    plan = log.compaction_plan(now_ms)
+    if plan is None:
+        return False
+    log.abandon_compaction()
+    for source in plan.sources:
+        os.close(source.fd)
+    return True
 
 
 def test_a_pass_planned_before_a_delete_never_reaches_the_channel_created_after(
@@ -299,3 +311,27 @@ def test_a_pass_planned_before_a_delete_never_reaches_the_channel_created_after(
     assert [r.value for r in all_records(log)] == [b"new%d" % i for i in range(30)]
     assert not list(log._dir.glob("*.cleaned"))
     machine.close()
+
+
+def test_one_compaction_plan_at_a_time(tmp_path: Path) -> None:
+    """Every node of a cluster proposes its own Compact commands: a second plan for the same
+    segments wrote the same ``.cleaned`` files under the first. No second plan is made until
+    the first is installed or abandoned."""
+    log = ChannelLog.open(tmp_path, COMPACT, 0)
+    for i in range(40):
+        log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"v%02d" % i]), 0)
+    flush(log)
+    first = log.compaction_plan(0)
+    assert first is not None
+    assert log.compaction_plan(0) is None
+    log.abandon_compaction()
+    again = log.compaction_plan(0)
+    assert again is not None and log.compaction_plan(0) is None
+    assert log.install_compaction(again.run()) > 0
+    for i in range(40):  # new dirt: a new pass is due and may be planned
+        log.append(make_batch(1, key=b"k%d" % (i % 3), values=[b"w%02d" % i]), 0)
+    flush(log)
+    assert _due(log, 0)
+    for source in first.sources:  # the abandoned plan's fds
+        os.close(source.fd)
+    log.close()
