@@ -10,11 +10,13 @@ The checkpoint journal ``{data_dir}/applied-index`` answers that. Each group-com
 fdatasyncing every dirty segment, appends (and fdatasyncs) one record::
 
     u32 length, u32 crc32c(payload), payload = JSON
-    {"applied": K, "channels": {name: next_sequence | null}, "full": bool,
+    {"applied": K, "channels": {name: [next_sequence, incarnation] | null}, "full": bool,
      "keyed": {family: [generation, next_sequence]}}
 
 meaning: every command up to Raft index K is applied and durable, and at K each listed Events
-Store channel ended at ``next_sequence`` (``null``: it did not exist), and each coordinator
+Store channel ended at ``next_sequence`` (``null``: it did not exist; a bare number: written
+before incarnations were) in the incarnation its directory names (a token new with each
+create of the name), and each coordinator
 family's current generation (keyed.py) at its ``next_sequence``. Only channels touched
 since the previous record are listed; a ``full`` record lists every Events Store channel and
 starts a new file (written ``.part``, fsynced, renamed: the snapshot-and-roll), so the journal
@@ -25,7 +27,8 @@ Recovery (``StateMachine.recover`` in replicated mode), before any channel is op
 - a channel listed with a sequence is cut back to it (``truncate_tail``): whole batches beyond
   it were applied after K and will be applied again from the Raft log;
 - a channel listed as ``null``, or not listed at all, did not exist at K (every channel that
-  existed at K is in the folded map): its directory is removed and replay re-creates it;
+  existed at K is in the folded map), and one of another incarnation was deleted and created
+  again after K: its directory is removed and replay re-creates it;
 - each coordinator family is cut back the same way (``keyed.cut_back``), to the generation it
   had at K if a roll since has not been checkpointed. Replay must meet the state of K there:
   a compare-and-set command (a topic created and then altered, say) checks values that later
@@ -67,19 +70,29 @@ ROLL_BYTES = 256 * 1024
 _REC = struct.Struct(">II")
 
 
+KeyedEnds = dict[str, tuple[int, int]]
+ChannelEnd = int | list | None  # [next_sequence, incarnation], a bare next_sequence, or absent
+
+
+def channel_end(value: ChannelEnd) -> tuple[int | None, str | None]:
+    """(next_sequence or None when absent, incarnation or None when not recorded)."""
+    if isinstance(value, list):
+        return int(value[0]), str(value[1])
+    return value, None
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The folded journal: applied index and each channel's next Sequence (None: absent)."""
 
     applied: int = 0
-    channels: dict[str, int | None] = field(default_factory=dict)
+    channels: dict[str, ChannelEnd] = field(default_factory=dict)
     keyed: dict[str, tuple[int, int]] = field(default_factory=dict)  # family: (gen, next)
 
 
-KeyedEnds = dict[str, tuple[int, int]]
 
 
-def _record(applied: int, channels: dict[str, int | None], full: bool,
+def _record(applied: int, channels: dict[str, ChannelEnd], full: bool,
             keyed: KeyedEnds) -> bytes:
     payload = json.dumps({"applied": applied, "channels": channels, "full": full,
                           "keyed": keyed}, separators=(",", ":"), sort_keys=True).encode()
@@ -139,8 +152,8 @@ class CheckpointJournal:
     def due(self, applied: int) -> bool:
         return applied > self._prepared
 
-    def prepare(self, applied: int, touched: dict[str, int | None],
-                everything: Callable[[], dict[str, int | None]],
+    def prepare(self, applied: int, touched: dict[str, ChannelEnd],
+                everything: Callable[[], dict[str, ChannelEnd]],
                 keyed: KeyedEnds) -> CheckpointToken:
         """A token recording ``applied``; rolls to a full record once the file is large.
         ``everything()`` (every channel's end) is called only then: building it on every
@@ -168,7 +181,7 @@ class CheckpointJournal:
     def complete_flush(self, token: CheckpointToken) -> None:
         self.durable_applied = max(self.durable_applied, token.applied)
 
-    def reset(self, applied: int, everything: dict[str, int | None],
+    def reset(self, applied: int, everything: dict[str, ChannelEnd],
               keyed: KeyedEnds) -> None:
         """Start over with one full record (after a snapshot restore or on adoption). Blocking."""
         record = _record(applied, everything, True, keyed)

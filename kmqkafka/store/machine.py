@@ -52,6 +52,10 @@ from kmqkafka.store.queue import QueueChannel
 log = Logger()
 
 NAME_FILE = "name"
+# A token new with each create of a name: a checkpoint names the incarnation it saw, so a
+# channel deleted and created again after it is re-created by replay, not cut back to the
+# old one's end (that cut landed inside the new log's batches, and start-up failed).
+INCARNATION_FILE = "incarnation"
 KIND_EVENTS = "events"
 KIND_QUEUE = "queue"
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch header
@@ -100,6 +104,7 @@ class StateMachine:
         self.replicated = replicated
         self.journal: checkpoint.CheckpointJournal | None = None
         self._touched: set[str] = set()
+        self._incarnations: dict[str, str] = {}  # Events channel: INCARNATION_FILE's token
         self._hold_visible = False
         self._held: dict[str, tuple[ChannelLog, int]] = {}
         self.default_config = default_config or LogConfig()
@@ -132,6 +137,7 @@ class StateMachine:
         self.channels_dir.mkdir(parents=True, exist_ok=True)
         self.coordinator_dir.mkdir(parents=True, exist_ok=True)
         ckpt = checkpoint.read(self.data_dir) if self.replicated else None
+        self._incarnations.clear()
         for entry in sorted(os.listdir(self.channels_dir)):
             path = self.channels_dir / entry
             if ".deleted" in entry or entry.endswith(".part"):
@@ -147,10 +153,12 @@ class StateMachine:
             name = self._channel_of(path)
             if dir_name(name) != entry:
                 path = self._rename_dir(path, name)
+            incarnation = _read_incarnation(path)
             if ckpt is not None and kind == KIND_EVENTS:
-                upto = ckpt.channels.get(name)
-                if upto is None:
-                    # Created after the checkpoint: replaying the Raft log re-creates it.
+                upto, at_checkpoint = checkpoint.channel_end(ckpt.channels.get(name))
+                if upto is None or at_checkpoint not in (None, incarnation):
+                    # Created after the checkpoint (maybe deleted and created again since):
+                    # replaying the Raft log re-creates it.
                     log.info("replay will re-create {channel}", channel=name)
                     shutil.rmtree(path)
                     continue
@@ -159,6 +167,8 @@ class StateMachine:
                     log.info("cut {n} byte(s) applied after the checkpoint from {channel}",
                              n=cut, channel=name)
             self._open_channel(name, kind, now_ms)
+            if incarnation:
+                self._incarnations[name] = incarnation
         for family in RESERVED_FAMILIES:
             at = ckpt.keyed.get(family) if ckpt is not None else None
             if at is not None:
@@ -176,8 +186,16 @@ class StateMachine:
                 self.last_applied = ckpt.applied
                 self.journal.durable_applied = ckpt.applied
 
-    def _channel_ends(self) -> dict[str, int | None]:
-        return {name: ch.next_sequence for name, ch in self.channels.items()}
+    def _channel_ends(self) -> dict[str, checkpoint.ChannelEnd]:
+        return {name: self._end_of(name) for name in self.channels}
+
+    def _end_of(self, name: str) -> checkpoint.ChannelEnd:
+        """What a checkpoint records of an Events channel: its end and incarnation."""
+        ch = self.channels.get(name)
+        if ch is None:
+            return None
+        incarnation = self._incarnations.get(name)
+        return [ch.next_sequence, incarnation] if incarnation else ch.next_sequence
 
     def _keyed_ends(self) -> dict[str, tuple[int, int]]:
         return {family: keyed.position for family, keyed in self.keyed.items()}
@@ -372,6 +390,10 @@ class StateMachine:
         deferred = self.replicated and cmd.kind == KIND_EVENTS
         write = _write_plain if deferred else write_atomic
         write(final / CONFIG_FILE, config.to_json())
+        if cmd.kind == KIND_EVENTS:
+            incarnation = os.urandom(8).hex()
+            write(final / INCARNATION_FILE, incarnation.encode())
+            self._incarnations[cmd.name] = incarnation
         # The kind file is written last: its presence is what makes the channel exist.
         write(final / "kind", cmd.kind.encode())
         if deferred:
@@ -388,6 +410,7 @@ class StateMachine:
                 return False
             raise ChannelNotFound(f"channel {cmd.name!r} does not exist")
         target = self.channels.pop(cmd.name, None) or self.queues.pop(cmd.name)
+        self._incarnations.pop(cmd.name, None)
         target.close()
         path = self.channels_dir / dir_name(cmd.name)
         self._deletes += 1  # one entry may delete, create and delete a name again
@@ -609,8 +632,7 @@ class StateMachine:
             tokens.append((None, fresh, fresh))
         if self.journal is not None and (self.journal.due(self.last_applied) or rolled):
             # Last: run_flush writes it only after every segment above is fdatasynced.
-            touched = {n: (self.channels[n].next_sequence if n in self.channels else None)
-                       for n in self._touched if n not in self.queues}
+            touched = {n: self._end_of(n) for n in self._touched if n not in self.queues}
             self._touched.clear()
             token = self.journal.prepare(self.last_applied, touched, self._channel_ends,
                                          self._keyed_ends())
@@ -633,6 +655,14 @@ class StateMachine:
                 continue
             owner.complete_flush(token)
             self._on_advance(name)
+
+
+def _read_incarnation(path: Path) -> str | None:
+    """A channel directory's incarnation token; None for one made before tokens existed."""
+    try:
+        return (path / INCARNATION_FILE).read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def _write_plain(path: Path, data: bytes) -> None:

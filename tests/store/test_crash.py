@@ -314,3 +314,46 @@ def test_a_coordinator_family_goes_back_to_the_generation_its_checkpoint_names(t
     back = KeyedLog.open(tmp_path, "groups", 0)
     assert back.position == at and dict(back.items()) == {b"a": b"1", b"b": b"1"}
     back.close()
+
+
+def test_a_name_deleted_and_created_again_after_the_checkpoint_is_replayed_not_cut(tmp_path):
+    """The checkpoint names the old channel's end (Sequence 4); the directory now holds the
+    new one, whose first batch covers Sequences 1-10. Recovery used to cut the new log back
+    to 4, found that inside a batch, and the daemon refused to start. Each create now has an
+    incarnation the checkpoint records: another one is removed and re-created by replay."""
+    from kmqkafka.records import NewRecord, build_batch, iter_records
+    from kmqkafka.store import commands as c
+    from kmqkafka.store.machine import StateMachine
+
+    def flush(m: StateMachine) -> None:
+        tokens = m.prepare_flush()
+        m.run_flush(tokens)
+        m.complete_flush(tokens)
+
+    def batch(n: int, tag: bytes) -> bytes:
+        return build_batch([NewRecord(value=tag + b"%d" % i) for i in range(n)], now_ms=0)
+
+    old, new = batch(3, b"old"), batch(10, b"new")
+    commands = [c.CreateChannel("kafka.st"), c.Append("kafka.st", 0, old),
+                c.DeleteChannel("kafka.st", missing_ok=True),  # as DeleteTopics sends it
+                c.CreateChannel("kafka.st"),
+                c.Append("kafka.st", 0, new)]
+    m = StateMachine(tmp_path, replicated=True)
+    m.recover(0)
+    m.apply(1, commands[0])
+    m.apply(2, commands[1])
+    flush(m)  # the checkpoint: index 2, kafka.st ends at 4
+    for index, command in enumerate(commands[2:], start=3):
+        m.apply(index, command)
+    m.close()  # the new log is on disk; no newer checkpoint
+
+    again = StateMachine(tmp_path, replicated=True)
+    again.recover(0)  # used to raise CorruptStore: a batch straddles checkpoint 4
+    assert again.last_applied == 2 and "kafka.st" not in again.channels
+    for index, command in enumerate(commands[2:], start=3):
+        again.apply(index, command)  # the replay
+    ch = again.channel("kafka.st")
+    got = [r.value for b in ch.read(1, 1 << 20, upto=ch.next_sequence).batches
+           for r in iter_records(b)]
+    assert got == [b"new%d" % i for i in range(10)]
+    again.close()
