@@ -44,6 +44,7 @@ from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
+from kmqkafka.store.errors import StoreStopped
 
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 10, 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 15, 16, 42
@@ -154,7 +155,8 @@ class Coordination:
                 barrier = broker.store.keyed_put(GROUPS_FAMILY, [])
             except Exception as exc:  # a stopping store raises
                 self._loading_term = None
-                log.warn("coordinator barrier failed: {error}", error=exc)
+                if not isinstance(exc, StoreStopped):
+                    log.warn("coordinator barrier failed: {error}", error=exc)
                 return
             barrier.addCallbacks(self._barrier_passed, self._barrier_failed,
                                  callbackArgs=(term,), errbackArgs=(term,))
@@ -178,6 +180,8 @@ class Coordination:
     def _barrier_failed(self, failure: Failure, term: int) -> None:
         if self._loading_term == term:
             self._loading_term = None  # the next check tries again
+        if failure.check(StoreStopped):  # shutting down: nothing to load any more
+            return
         log.warn("coordinator barrier failed (term {term}): {error}", term=term,
                  error=failure.getErrorMessage())
 

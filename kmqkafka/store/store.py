@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from twisted.internet import threads
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, FirstError, gatherResults, maybeDeferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -30,6 +30,7 @@ from twisted.python.threadpool import ThreadPool
 from kmqkafka.records import NewRecord, build_batch
 from kmqkafka.store import commands as c
 from kmqkafka.store.config import LogConfig
+from kmqkafka.store.errors import StoreStopped
 from kmqkafka.store.machine import AppendResult, StateMachine
 from kmqkafka.store.names import check_channel_name, check_client_channel, partition_of
 from kmqkafka.store.pagecache import PageCacheBudget
@@ -45,10 +46,15 @@ def _surviving(task: Callable[[], Any]) -> Deferred:
     """Run one round of a background task; a failed round (no Raft leader for a while, a
     full disk) is logged, and the task runs again next interval instead of stopping for good."""
     d = maybeDeferred(task)
-    d.addErrback(lambda f: log.warn("background store task {task} failed: {error}; it runs "
-                                    "again next interval", task=getattr(task, "__name__", task),
-                                    error=f.getErrorMessage()))
-    return d
+
+    def failed(f: Any) -> None:
+        exc = f.value.subFailure.value if isinstance(f.value, FirstError) else f.value
+        if isinstance(exc, StoreStopped):  # shutting down: no next interval
+            return
+        log.warn("background store task {task} failed: {error}; it runs again next interval",
+                 task=getattr(task, "__name__", task), error=f.getErrorMessage())
+
+    return d.addErrback(failed)
 
 __all__ = ["AppendResult", "ChannelBounds", "ChannelStore"]
 
