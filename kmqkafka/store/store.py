@@ -417,9 +417,10 @@ class ChannelStore:
         that has a closed segment: each pass is a Raft command, and proposing one for every
         empty compacted partition every tick grew the log and stalled a node with 1,000 of
         them."""
+        waiting = self._clean_planned()  # plans other nodes' Compact commands made here
         names = [n for n, ch in self.machine.channels.items()
                  if ch.may_compact() and n not in self._compacting]
-        ds = [self.compact(n) for n in names]
+        ds = [self.compact(n) for n in names] + waiting
         if not ds:
             return succeed(0)
         return gatherResults(ds, consumeErrors=True).addCallback(len)
@@ -431,13 +432,16 @@ class ChannelStore:
         d = self.propose(c.Compact(name, self.now_ms()))
 
         def run(started: bool) -> Any:
-            plans = self.machine.take_compactions()
-            if not plans:
-                return False
-            self._compacting.update(n for n, _p in plans)
-            return _chain([self._clean(n, p) for n, p in plans])
+            cleaning = self._clean_planned()
+            return _chain(cleaning) if cleaning else False
 
         return d.addCallback(run)
+
+    def _clean_planned(self) -> list[Deferred]:
+        """Clean every plan applied Compact commands made (a channel plans one at a time)."""
+        plans = self.machine.take_compactions()
+        self._compacting.update(n for n, _p in plans)
+        return [self._clean(n, p) for n, p in plans]
 
     def _clean(self, name: str, plan: Any) -> Deferred:
         d = self._run_cleaner(plan.run)

@@ -402,3 +402,30 @@ def test_a_config_change_is_written_by_its_flush_and_survives_a_restart(tmp_path
     again = open_store(tmp_path, clock)
     assert again.machine.channel("kafka.t").config.retention_ms == 86_400_000
     again.stop()
+
+
+def test_a_plan_made_by_another_nodes_compact_command_is_cleaned_here(tmp_path, clock):
+    """Every node applies every node's Compact commands, but took the plans they made only
+    when a Compact of its own came back: one this node never proposed again (the channel
+    no longer qualified) kept its plan, and its fds, forever."""
+    from kmqkafka.store import commands as c
+
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.c", config={"cleanup_policy": "compact",
+                                                      "segment_bytes": 400}), clock)
+    for i in range(12):
+        result_of(store.append_batch("kafka.c", batch(2, tag=b"x%d" % (i % 2))), clock)
+    ch = store.machine.channel("kafka.c")
+
+    def stored() -> int:
+        res = store.read("kafka.c", 1, 1 << 20)
+        return sum(1 for b in res.batches for _ in iter_records(b))
+
+    assert stored() == 24
+    assert result_of(store.propose(c.Compact("kafka.c", store.now_ms())), clock) is True
+    result_of(store.set_config("kafka.c", {"cleanup_policy": "delete"}), clock)
+    assert not ch.may_compact()  # so this node proposes no Compact of its own any more
+    assert result_of(store.compact_all(), clock) == 1
+    assert stored() < 24  # the waiting plan ran and was installed
+    assert store.machine.take_compactions() == [] and not store._compacting
+    store.stop()
