@@ -18,6 +18,7 @@ node answers.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -70,10 +71,13 @@ class ProducerIds:
         node's claim applied first) is applied here too by the time it fails: read again."""
         for _ in range(_CLAIM_TRIES):
             raw = self._store.keyed_get(FAMILY, _KEY)
-            start = int(raw) if raw else 0
+            start = int(raw.split()[0]) if raw else 0
+            # The claim is unique ("end token"): a compare-and-set passes when the key
+            # already holds the value written (a command replayed after a crash), so racing
+            # claims that all wrote the bare end all passed and shared one block.
+            claim = b"%d %s" % (start + BLOCK, os.urandom(8).hex().encode())
             try:
-                await self._store.keyed_put(FAMILY, [(_KEY, str(start + BLOCK).encode())],
-                                            expect=[(_KEY, raw)])
+                await self._store.keyed_put(FAMILY, [(_KEY, claim)], expect=[(_KEY, raw)])
             except KeyConflict:
                 continue
             return start, start + BLOCK
