@@ -334,8 +334,14 @@ class DiskStorage:
                         log.warn("raft log: {file} (not the last file) has a bad tail",
                                  file=f.path.name)
                     self.truncated_bytes += size - pos
-                    log.warn("raft log: cut a torn tail of {n} byte(s) at {pos} of {file}",
-                             n=size - pos, pos=pos, file=f.path.name)
+                    if seed and final:
+                        # Usually a recycled file's old records (another salt), not damage.
+                        log.info("raft log: {file} ends at {pos}; cut the {n} byte(s) after it "
+                                 "(a recycled file's old records, or a torn write)",
+                                 file=f.path.name, pos=pos, n=size - pos)
+                    else:
+                        log.warn("raft log: cut a torn tail of {n} byte(s) at {pos} of {file}",
+                                 n=size - pos, pos=pos, file=f.path.name)
                 os.ftruncate(fd, pos)
                 os.fsync(fd)
             return pos
