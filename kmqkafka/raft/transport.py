@@ -329,6 +329,7 @@ class RaftTransport:
             return
         peer.connecting = True
         factory = protocol.ClientFactory()
+        factory.noisy = False  # a reconnect every few ticks while a peer is down
         factory.protocol = lambda: _Link(self, outgoing=True, peer=peer.node_id)  # type: ignore
         factory.clientConnectionFailed = lambda c, reason: self._connect_failed(peer)  # type: ignore
         if self._tls_client is not None:
@@ -511,6 +512,7 @@ class RaftTransport:
         result: Deferred = Deferred(lambda _d: fetch.error("the download was cancelled"))
         fetch = _Fetch(self, index, dest_dir, result)
         factory = protocol.ClientFactory()
+        factory.noisy = False
 
         def build() -> _Link:
             link = _Link(self, outgoing=True, peer=frm)
