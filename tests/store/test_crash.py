@@ -27,6 +27,13 @@ WRITER = Path(__file__).with_name("crash_writer.py")
 KILLS = 12
 
 
+def flush(m) -> None:
+    """One group commit of a StateMachine, inline: prepare, run and complete its flush."""
+    tokens = m.prepare_flush()
+    m.run_flush(tokens)
+    m.complete_flush(tokens)
+
+
 def run_until_killed(data_dir: Path, seed: int, rng: random.Random, mode: str) -> list[str]:
     proc = subprocess.Popen([sys.executable, str(WRITER), str(data_dir), str(seed), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -127,11 +134,6 @@ def test_a_created_channel_is_durable_only_through_the_flush_that_checkpoints_it
     from kmqkafka.store.machine import StateMachine
     from kmqkafka.store.names import dir_name
 
-    def flush(m: StateMachine) -> None:
-        tokens = m.prepare_flush()
-        m.run_flush(tokens)
-        m.complete_flush(tokens)
-
     m = StateMachine(tmp_path, replicated=True)
     m.recover(0)
     m.apply(1, c.CreateChannel("kafka.a"))
@@ -213,9 +215,7 @@ def test_a_channel_deleted_while_its_flush_runs_is_not_a_failed_flush(tmp_path):
     m.apply(11, c.CreateChannel("kafka.gone"))
     m.run_flush(tokens)  # would raise FileNotFoundError
     m.complete_flush(tokens)
-    tokens = m.prepare_flush()
-    m.run_flush(tokens)
-    m.complete_flush(tokens)
+    flush(m)
     m.close()
 
 
@@ -226,11 +226,6 @@ def test_a_deleted_channel_directory_goes_with_the_next_flush(tmp_path):
     entry may delete, create and delete the same name again."""
     from kmqkafka.store import commands as c
     from kmqkafka.store.machine import StateMachine
-
-    def flush(m: StateMachine) -> None:
-        tokens = m.prepare_flush()
-        m.run_flush(tokens)
-        m.complete_flush(tokens)
 
     def leftovers() -> list[str]:
         return sorted(p.name for p in (tmp_path / "channels").iterdir() if ".deleted" in p.name)
@@ -263,11 +258,6 @@ def test_replay_after_a_crash_meets_the_coordinator_state_of_its_checkpoint(tmp_
     leave the topic listed with no channels behind it."""
     from kmqkafka.store import commands as c
     from kmqkafka.store.machine import BatchFailure, StateMachine
-
-    def flush(m: StateMachine) -> None:
-        tokens = m.prepare_flush()
-        m.run_flush(tokens)
-        m.complete_flush(tokens)
 
     key = b"topic:t"
     create = c.Batch(tuple(c.CreateChannel(f"kafka.t~{p}" if p else "kafka.t") for p in range(2))
@@ -324,11 +314,6 @@ def test_a_name_deleted_and_created_again_after_the_checkpoint_is_replayed_not_c
     from kmqkafka.records import NewRecord, build_batch, iter_records
     from kmqkafka.store import commands as c
     from kmqkafka.store.machine import StateMachine
-
-    def flush(m: StateMachine) -> None:
-        tokens = m.prepare_flush()
-        m.run_flush(tokens)
-        m.complete_flush(tokens)
 
     def batch(n: int, tag: bytes) -> bytes:
         return build_batch([NewRecord(value=tag + b"%d" % i) for i in range(n)], now_ms=0)
