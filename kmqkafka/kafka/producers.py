@@ -5,9 +5,9 @@ blocks it claims with a compare-and-set of the stored block end in the ``txn`` c
 family, durable before any id of the block is used, so neither a restart nor another node
 ever hands one out again. (Each node used to extend its own block from its own counter, so
 two nodes gave out the same ids, and the second producer's acknowledged batches were
-dropped as the first one's retries.) Transactional ids need the
-transaction coordinator, which this broker does not run yet: such requests get
-COORDINATOR_NOT_AVAILABLE (the client retries), never a half-working answer.
+dropped as the first one's retries.) Transactional ids need the transaction coordinator,
+which this broker does not run yet: such requests get TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+(the producer fails at once, see ``groups.py``), never a half-working answer.
 
 DescribeProducers lists, per requested partition, every producer whose last batch is still in
 the partition's producer window (``store/producer_state.py``) with its epoch, last sequence and

@@ -13,11 +13,11 @@ fdatasyncing every dirty segment, appends (and fdatasyncs) one record::
     {"applied": K, "channels": {name: [next_sequence, incarnation] | null}, "full": bool,
      "keyed": {family: [generation, next_sequence]}}
 
-meaning: every command up to Raft index K is applied and durable, and at K each listed Events
-Store channel ended at ``next_sequence`` (``null``: it did not exist; a bare number: written
-before incarnations were) in the incarnation its directory names (a token new with each
-create of the name), and each coordinator
-family's current generation (keyed.py) at its ``next_sequence``. Only channels touched
+meaning: every command up to Raft index K is applied and durable; at K each listed Events
+Store channel ended at ``next_sequence`` in the incarnation its directory names (a token new
+with each create of the name; ``null``: it did not exist; a bare number: written before
+incarnations were), and each coordinator family's current generation (keyed.py) ended at its
+``next_sequence``. Only channels touched
 since the previous record are listed; a ``full`` record lists every Events Store channel and
 starts a new file (written ``.part``, fsynced, renamed: the snapshot-and-roll), so the journal
 stays small. Reading folds the records in order; a torn or CRC-failing tail is ignored.
@@ -27,8 +27,8 @@ Recovery (``StateMachine.recover`` in replicated mode), before any channel is op
 - a channel listed with a sequence is cut back to it (``truncate_tail``): whole batches beyond
   it were applied after K and will be applied again from the Raft log;
 - a channel listed as ``null``, or not listed at all, did not exist at K (every channel that
-  existed at K is in the folded map), and one of another incarnation was deleted and created
-  again after K: its directory is removed and replay re-creates it;
+  existed at K is in the folded map), and one listed with another incarnation was deleted and
+  created again after K: either way its directory is removed and replay re-creates it;
 - each coordinator family is cut back the same way (``keyed.cut_back``), to the generation it
   had at K if a roll since has not been checkpointed. Replay must meet the state of K there:
   a compare-and-set command (a topic created and then altered, say) checks values that later
@@ -40,9 +40,8 @@ Commands whose effect is already on disk are made harmless on replay by that cut
 commands are idempotent by construction (CreateChannel of an existing channel fails without
 changing anything; a replayed DeleteChannel finds nothing), retention and DeleteRecords only
 move the log start forward. Records without ``keyed`` (older versions) leave the families as
-they are. Queue channels
-(messages log plus delivery journal) are NOT cut back yet: a Queue command applied after the
-last checkpoint may be applied twice after a crash (documented gap).
+they are. Queue channels (messages log plus delivery journal) are NOT cut back yet: a Queue
+command applied after the last checkpoint may be applied twice after a crash (documented gap).
 """
 from __future__ import annotations
 
@@ -87,9 +86,7 @@ class Checkpoint:
 
     applied: int = 0
     channels: dict[str, ChannelEnd] = field(default_factory=dict)
-    keyed: dict[str, tuple[int, int]] = field(default_factory=dict)  # family: (gen, next)
-
-
+    keyed: KeyedEnds = field(default_factory=dict)  # family: (generation, next_sequence)
 
 
 def _record(applied: int, channels: dict[str, ChannelEnd], full: bool,
