@@ -418,6 +418,10 @@ class ChannelStore:
         empty compacted partition every tick grew the log and stalled a node with 1,000 of
         them."""
         waiting = self._clean_planned()  # plans other nodes' Compact commands made here
+        if not self.is_leader():
+            # The leader's Compact commands reach every node; a follower proposing its own
+            # tripled the commands (and the plans each node then made) for nothing.
+            return gatherResults(waiting, consumeErrors=True).addCallback(len)
         names = [n for n, ch in self.machine.channels.items()
                  if ch.may_compact() and n not in self._compacting]
         ds = [self.compact(n) for n in names] + waiting

@@ -429,3 +429,21 @@ def test_a_plan_made_by_another_nodes_compact_command_is_cleaned_here(tmp_path, 
     assert stored() < 24  # the waiting plan ran and was installed
     assert store.machine.take_compactions() == [] and not store._compacting
     store.stop()
+
+
+def test_only_the_leader_proposes_compaction_passes(tmp_path, clock, monkeypatch):
+    """Every node applies the leader's Compact commands and cleans the plans they make; a
+    follower's own commands only multiplied them."""
+    store = open_store(tmp_path, clock)
+    result_of(store.create_channel("kafka.c", config={"cleanup_policy": "compact",
+                                                      "segment_bytes": 400}), clock)
+    for i in range(12):
+        result_of(store.append_batch("kafka.c", batch(2, tag=b"x%d" % (i % 2))), clock)
+    proposed: list = []
+    original = store.propose
+    store.propose = lambda cmd, **kw: proposed.append(type(cmd).__name__) or original(cmd, **kw)
+    monkeypatch.setattr(store, "is_leader", lambda: False)
+    assert result_of(store.compact_all(), clock) == 0 and proposed == []
+    monkeypatch.setattr(store, "is_leader", lambda: True)
+    assert result_of(store.compact_all(), clock) == 1 and proposed == ["Compact"]
+    store.stop()
