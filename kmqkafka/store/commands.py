@@ -64,8 +64,8 @@ class Append(Command):
     now_ms: int
     batch: bytes = b""
     # This node validated ``batch`` (CRC and all) before proposing it, so applying it here
-    # skips a second CRC pass (a tenth of a lone broker's produce CPU). Never encoded: every
-    # other node, and a replay, checks the batch.
+    # skips a second CRC pass (the two took 9 % of a lone broker's produce CPU). Never
+    # encoded: every other node, and a replay, checks the batch.
     checked: bool = field(default=False, compare=False, metadata={"local": True})
 
 
