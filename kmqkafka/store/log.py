@@ -85,7 +85,7 @@ class FlushToken:
     """
 
     __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done",
-                 "abandoned", "ranges", "log_start", "config")
+                 "abandoned", "ranges", "files")
 
     def __init__(self, serial: int, covers: int, fds: list[int], index_jobs: list, sync_dir: bool,
                  directory: Path) -> None:
@@ -100,8 +100,8 @@ class FlushToken:
         # be gone under it, and nothing it covers needs to be durable any more.
         self.abandoned = False
         self.ranges: list[tuple[Segment, int, int]] = []  # what it makes durable (page cache)
-        self.log_start: bytes | None = None  # a new ``log-start`` file to write, if any
-        self.config: bytes | None = None  # a new ``config.json`` to write, if any
+        # Small files to rewrite (``log-start``, ``config.json``): name -> contents.
+        self.files: dict[str, bytes] = {}
 
     def run(self) -> None:
         """fdatasync the data, make rolled segments' indexes durable, fsync the directory.
@@ -111,15 +111,13 @@ class FlushToken:
         try:
             for fd in self.fds:
                 os.fdatasync(fd)
-            for _segment, files in self.index_jobs:
-                for fd, part, final in files:
+            for _segment, parts in self.index_jobs:
+                for fd, part, final in parts:
                     os.fsync(fd)
                     os.replace(part, final)
-            if self.config is not None:
-                fsutil.write_atomic(self.directory / CONFIG_FILE, self.config)
-            if self.log_start is not None:
-                fsutil.write_atomic(self.directory / LOG_START_FILE, self.log_start)
-            elif self.sync_dir or self.index_jobs:
+            for name, data in self.files.items():
+                fsutil.write_atomic(self.directory / name, data)  # syncs the directory
+            if not self.files and (self.sync_dir or self.index_jobs):
                 fsutil.fsync_dir(self.directory)
         except OSError:
             if not self.abandoned:
@@ -172,8 +170,7 @@ class ChannelLog:
         self._retired_fds: set[int] = set()
         self._index_jobs: list = []
         self._sync_dir = False
-        self._log_start_due: bytes | None = None  # written by the next flush
-        self._config_due: bytes | None = None  # likewise
+        self._files_due: dict[str, bytes] = {}  # log-start / config.json: the next flush
         self._tokens: deque[FlushToken] = deque()
         self._serial = 0
         self.truncated_bytes = 0  # bytes cut off by the last recovery (torn tails)
@@ -217,7 +214,7 @@ class ChannelLog:
         cluster, its Raft entry is replayed from before the checkpoint that flush precedes)."""
         self._config = config
         if save:
-            self._config_due = config.to_json()
+            self._files_due[CONFIG_FILE] = config.to_json()
 
     @property
     def directory(self) -> Path:
@@ -505,15 +502,14 @@ class ChannelLog:
         overlap, and durable_sequence advances in preparation order.
         """
         if (not self._dirty_fds and not self._index_jobs and not self._sync_dir
-                and self._log_start_due is None and self._config_due is None):
+                and not self._files_due):
             return None
         self._serial += 1
         fds = list(self._dirty_fds)
         for fd in fds:
             self._fd_refs[fd] = self._fd_refs.get(fd, 0) + 1
         token = FlushToken(self._serial, self._next, fds, self._index_jobs, self._sync_dir, self._dir)
-        token.log_start, self._log_start_due = self._log_start_due, None
-        token.config, self._config_due = self._config_due, None
+        token.files, self._files_due = self._files_due, {}
         if self.page_cache is not None:
             for seg in [s for s, _files in self._index_jobs] + [self._active]:
                 if seg.size > seg.budgeted:
@@ -748,7 +744,7 @@ class ChannelLog:
         held the reactor 1.5 s. Until then a crash finds the older value, as it finds the
         dropped segments' unlinks unsynced; recovery (or, on a cluster, replay from the
         checkpoint that flush precedes) drops them again."""
-        self._log_start_due = f"{self._log_start}\n".encode()
+        self._files_due[LOG_START_FILE] = f"{self._log_start}\n".encode()
 
     def _drop_first_segment(self) -> None:
         seg = self._segments.pop(0)
