@@ -59,6 +59,13 @@ READ_SIZE = 1 << 20
 SEND_SIZE = 1 << 20
 
 
+def _encode_body(response: Any) -> bytes:
+    """A response's body alone (no header): what ``net/shared.py`` keeps of a shared one."""
+    body = ChunkWriter()
+    entity_writer(type(response))(body, response)
+    return body.getvalue()
+
+
 def _tune_socket(transport: Any) -> None:
     """TCP_NODELAY, large reads and large sends on the TCP transport (under TLS, the wrapped
     one)."""
@@ -367,14 +374,8 @@ class KafkaProtocol(Protocol):
         header_type = _RESPONSE_HEADERS[header_version]
         out = ChunkWriter()
         entity_writer(header_type)(out, header_type(correlation_id=i32(correlation_id)))
-        encoded = shared.body(response)
+        encoded = shared.encoded(response, _encode_body)
         if encoded is not None:
-            return [_PREFIX.pack(out.size + len(encoded)), *out.parts(), encoded]
-        if shared.is_shared(response):
-            body = ChunkWriter()
-            entity_writer(type(response))(body, response)
-            encoded = body.getvalue()
-            shared.remember(response, encoded)
             return [_PREFIX.pack(out.size + len(encoded)), *out.parts(), encoded]
         entity_writer(type(response))(out, response)
         return [_PREFIX.pack(out.size), *out.parts()]

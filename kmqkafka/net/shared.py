@@ -12,7 +12,7 @@ Reactor thread only.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 SIZE = 16
 
@@ -38,14 +38,13 @@ def body(response: Any) -> bytes | None:
     return found[1] if found is not None and found[0] is response else None
 
 
-def is_shared(response: Any) -> bool:
-    found = _bodies.get(id(response))
-    return found is not None and found[0] is response
-
-
-def remember(response: Any, encoded: bytes) -> None:
-    """Keep the encoded body of a shared response (ignored if it is no longer shared)."""
+def encoded(response: Any, encode: Callable[[Any], bytes]) -> bytes | None:
+    """The body of a shared response, encoded with ``encode`` the first time it is asked
+    for; None for a response that is not (or no longer) shared."""
     key = id(response)
     found = _bodies.get(key)
-    if found is not None and found[0] is response:
-        _bodies[key] = (response, encoded)
+    if found is None or found[0] is not response:
+        return None
+    if found[1] is None:
+        found = _bodies[key] = (response, encode(response))
+    return found[1]
