@@ -8,8 +8,18 @@ to the dispatcher. Responses are written strictly in request order, whatever ord
 finish in. Protocol violations (oversized or negative frame size, unknown API key, undecodable or
 over-long body) are logged once and close only that connection.
 
-Back-pressure: with more than ``MAX_IN_FLIGHT`` requests awaiting their response the connection
-stops reading (``pauseProducing``) and resumes once the queue falls to ``RESUME_IN_FLIGHT``.
+Back-pressure: the connection stops reading (``pauseProducing``) while any of these holds, and
+reads again once none does:
+
+- more than ``MAX_IN_FLIGHT`` requests await their response (until the queue falls to
+  ``RESUME_IN_FLIGHT``);
+- ``MAX_FETCHES_IN_FLIGHT`` Fetches await theirs: each may hold up to its ``max_bytes`` of
+  stored batches, and no client sends a second Fetch to one broker before the first returns;
+- the transport holds more than its ``bufferSize`` of unsent responses: a client that sends
+  requests and never reads the answers must not make the broker buffer them without end
+  (Kafka mutes a channel until its response is sent);
+- the service is draining for shutdown.
+
 Everything here runs on the reactor thread.
 """
 from __future__ import annotations
@@ -40,6 +50,8 @@ from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
 RESUME_IN_FLIGHT = 16
+MAX_FETCHES_IN_FLIGHT = 2
+_FETCH = 1
 IDLE_ABORT_S = 5.0  # an idle connection still open this long after its close is cut off
 _COMPACT_AT = 256 * 1024
 _PREFIX = struct.Struct(">i")
@@ -102,8 +114,8 @@ class KafkaProtocol(Protocol):
         self._buf = bytearray()
         self._pos = 0
         self._pending: deque[_Slot] = deque()
-        self._paused = False  # we asked the transport to stop reading (back-pressure)
-        self._draining = False  # the service is stopping: no new requests
+        self._holds: set[str] = set()  # why reading is paused (back-pressure); empty: reading
+        self._fetches = 0  # Fetches awaiting their response
         self._closing = False
         self._counted = False
         self._in_process = False
@@ -130,6 +142,7 @@ class KafkaProtocol(Protocol):
         # Kafka answers small requests (acks, heartbeats) at once: no Nagle delay. Big
         # produce requests are read in large slices, not 64 KiB at a time.
         _tune_socket(self.transport)
+        self.transport.registerProducer(_WriteBacklog(self), True)
         self._fills = recvinto.install(self.transport, self._fill_target, self._fill_done)
         gather_writes(self.transport)
         self.factory.connection_opened(self)
@@ -181,7 +194,7 @@ class KafkaProtocol(Protocol):
     def _process_frames(self) -> None:
         buf = self._buf
         cap = self.factory.max_frame_bytes
-        while not self._paused and not self._closing and not self._draining:
+        while not self._holds and not self._closing:
             available = len(buf) - self._pos
             if available < 4:
                 break
@@ -296,12 +309,15 @@ class KafkaProtocol(Protocol):
         )
         slot = _Slot(ctx, self.factory.reactor.seconds())
         self._pending.append(slot)
+        if api_key == _FETCH:
+            self._fetches += 1
+            if self._fetches >= MAX_FETCHES_IN_FLIGHT:
+                self.hold_reading("fetches", True)
+        if len(self._pending) > MAX_IN_FLIGHT:
+            self.hold_reading("in_flight", True)
         d = dispatcher.dispatch(request, ctx)
         slot.deferred = d
         d.addBoth(self._handled, slot)
-        if len(self._pending) > MAX_IN_FLIGHT and not self._paused and not self._closing:
-            self._paused = True
-            self.transport.pauseProducing()
 
     # -- responses -----------------------------------------------------------------------------
 
@@ -310,6 +326,8 @@ class KafkaProtocol(Protocol):
             result = CLOSE_CONNECTION
         slot.done = True
         assert slot.ctx is not None
+        if slot.ctx.api_key == _FETCH:
+            self._fetches -= 1
         if result is CLOSE_CONNECTION or result is NO_RESPONSE:
             slot.result = result
         else:
@@ -326,6 +344,8 @@ class KafkaProtocol(Protocol):
         )
         if not self._closing:
             self._flush()
+        if self._fetches < MAX_FETCHES_IN_FLIGHT:
+            self.hold_reading("fetches", False)
 
     def _flush(self) -> None:
         """Write every finished response at the head of the queue, in request order."""
@@ -352,11 +372,8 @@ class KafkaProtocol(Protocol):
                 return
         if out:
             self._write(out)
-        if self._paused and len(self._pending) <= RESUME_IN_FLIGHT:
-            self._paused = False
-            if not self._draining:
-                self.transport.resumeProducing()
-                self._process()
+        if len(self._pending) <= RESUME_IN_FLIGHT:
+            self.hold_reading("in_flight", False)
         if not self._pending:
             self._fire_drained()
 
@@ -384,20 +401,54 @@ class KafkaProtocol(Protocol):
 
     def drain(self) -> Deferred[None]:
         """Stop reading new requests; fire when every accepted request has been answered."""
-        self._draining = True
-        if not self._paused and self.transport is not None:
-            self.transport.pauseProducing()
-            self._paused = True
+        self.hold_reading("draining", True)
         if not self._pending or self._closing:
             return succeed(None)
         d: Deferred[None] = Deferred()
         self._drain_waiters.append(d)
         return d
 
+    def hold_reading(self, reason: str, on: bool) -> None:
+        """Add (``on``) or lift one reason to stop reading requests; the socket is paused
+        while any reason stands and resumed, with the frames already buffered processed,
+        when the last one is lifted."""
+        held = bool(self._holds)
+        if on:
+            self._holds.add(reason)
+        else:
+            self._holds.discard(reason)
+        if self._closing or self.transport is None or held == bool(self._holds):
+            return
+        if self._holds:
+            self.transport.pauseProducing()
+        else:
+            self.transport.resumeProducing()
+            self._process()
+
     def _fire_drained(self) -> None:
         waiters, self._drain_waiters = self._drain_waiters, []
         for d in waiters:
             d.callback(None)
+
+
+class _WriteBacklog:
+    """Registered with the transport as a streaming producer of the connection's responses:
+    the transport pauses it when its queue of unsent bytes passes ``bufferSize`` and resumes
+    it once the queue is empty, and the connection stops reading requests in between."""
+
+    __slots__ = ("protocol",)
+
+    def __init__(self, protocol: KafkaProtocol) -> None:
+        self.protocol = protocol
+
+    def pauseProducing(self) -> None:
+        self.protocol.hold_reading("write_backlog", True)
+
+    def resumeProducing(self) -> None:
+        self.protocol.hold_reading("write_backlog", False)
+
+    def stopProducing(self) -> None:
+        """The connection is going; ``connectionLost`` cleans up."""
 
 
 class ConnectionLimiter:

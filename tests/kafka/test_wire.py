@@ -602,3 +602,94 @@ def test_sigterm_answers_a_parked_fetch_before_exiting(tmp_path: Path) -> None:
     finally:
         if b.proc.poll() is None:
             b.kill()
+
+
+def _fetch_frame(topic: str, correlation_id: int, max_bytes: int) -> bytes:
+    """A size-prefixed Fetch v11 of partition 0 from offset 0 (header v1)."""
+    import importlib
+
+    from kmqkafka.net.chunks import ChunkWriter
+    from kio.serial import entity_writer
+
+    mod = importlib.import_module("kio.schema.fetch.v11.request")
+    request = mod.FetchRequest(
+        replica_id=-1, max_wait=datetime.timedelta(milliseconds=100), min_bytes=1,
+        max_bytes=max_bytes, isolation_level=0, session_id=0, session_epoch=-1,
+        topics=(mod.FetchTopic(topic=topic, partitions=(mod.FetchPartition(
+            partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+            partition_max_bytes=max_bytes),)),),
+        forgotten_topics_data=(), rack_id="")
+    out = ChunkWriter()
+    header = request.__header_schema__(request_api_key=1, request_api_version=11,
+                                       correlation_id=correlation_id, client_id="no-reader")
+    entity_writer(type(header))(out, header)
+    entity_writer(type(request))(out, request)
+    body = out.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_client_that_never_reads_its_responses_does_not_grow_the_broker(
+        broker: BrokerProcess) -> None:
+    """Pipelined Fetches of a large log from a client that reads nothing: the broker stops
+    reading that connection once its unsent answers pass a bound (Kafka mutes the channel),
+    serves everyone else meanwhile, and answers every request in order once the client
+    reads. Before, each answer was queued in the broker's memory: 300 Fetches of 1 MiB grew
+    it by ~300 MB."""
+    from confluent_kafka import Producer
+
+    topic = "never-read"
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all",
+                         "linger.ms": 5})
+    value = os.urandom(1024)
+    for _ in range(8192):  # 8 MiB: every Fetch below is answered with 1 MiB
+        producer.produce(topic, value)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    before = _rss_kb(broker.pid)
+    count = 300
+    frames = [_fetch_frame(topic, c, 1 << 20) for c in range(count)]
+    with socket.create_connection((HOST, broker.kafka_port), timeout=5) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.settimeout(0.5)
+        sent = 0
+        deadline = time.monotonic() + 20
+        while sent < count and time.monotonic() < deadline:
+            try:
+                sock.sendall(frames[sent])  # blocks once the broker stops reading us
+            except socket.timeout:
+                break
+            sent += 1
+        time.sleep(1.0)
+        grown_mb = (_rss_kb(broker.pid) - before) / 1024
+        roundtrip_ok(broker.kafka_port)  # another client is served meanwhile
+        assert grown_mb < 64, f"{grown_mb:.0f} MB held for a client that reads nothing"
+        pending = b"".join(frames[sent:])  # what did not fit goes now, as answers are read
+        got: list[int] = []
+        sock.setblocking(False)
+        buf = bytearray()
+        deadline = time.monotonic() + 60
+        while len(got) < count and time.monotonic() < deadline:
+            if pending:
+                try:
+                    pending = pending[sock.send(pending):]
+                except BlockingIOError:
+                    pass
+            try:
+                chunk = sock.recv(1 << 20)
+            except BlockingIOError:
+                time.sleep(0.001)
+                continue
+            assert chunk, "the broker closed the connection"
+            buf += chunk
+            while len(buf) >= 8:
+                size = struct.unpack_from(">i", buf, 0)[0]
+                if len(buf) < 4 + size:
+                    break
+                got.append(struct.unpack_from(">i", buf, 4)[0])
+                del buf[:4 + size]
+    assert got == list(range(count))
