@@ -30,7 +30,9 @@ NOT_ENOUGH_REPLICAS without appending while fewer members are in sync (live) tha
 
 Ordering: appends are proposed synchronously in request order, so pipelined requests to one
 partition keep their order, including on the request that auto-creates the topic (the create
-command is applied before the first append is proposed).
+command is applied before the first append is proposed). A compressed batch whose records must
+be decoded is decoded on a thread (``decoding``), and later batches to its partition wait
+their turn behind it.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ import struct
 from typing import Any, NamedTuple
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from kmqkafka import records
 from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import decoding, identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import (INTERNAL_TOPICS, TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog,
@@ -203,6 +206,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     # The broker's clock, once per request, only for LogAppendTime and timestamp bounds.
     now_ms = int(broker.reactor.seconds() * 1000) if log_append or rules is not None else -1
     metric = broker.metrics.kafka_bytes_in
+    order, slots = _decoding_state(broker)
     out: list[Deferred] = []
     for p in partitions:
         index = p.index
@@ -215,32 +219,73 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             continue
         blob = p.records
         channel = channel_for(topic.name, index)
+        name = f"{topic.name}-{index}"
+
+        def append(blob: Any, index: int = index, channel: str = channel) -> Deferred:
+            """Append the checked batch ``blob`` (or answer the refusal it failed with)."""
+            if isinstance(blob, Failure):
+                return succeed(_refused(blob, index, channel, store))
+            data = _log_append_time(blob, now_ms) if log_append else blob
+            d = store.append_batch(channel, data, durable=durable, checked=True)  # by _check
+            metric.labels(topic.name).inc(len(blob))
+            d.addCallbacks(_appended, _append_failed,
+                           callbackArgs=(index, channel, store, now_ms if log_append else -1),
+                           errbackArgs=(index, channel))
+            return d
+
         try:
             header = _check(blob, limit, version, segment_bytes)
             blob = _client_timestamp_type(blob, header, log_append)
-            if not log_append:
-                blob = _with_max_timestamp(blob, header, broker.reactor)
-            if rules is not None:
-                newest = rules.check(blob, now_ms, f"{topic.name}-{index}")
-                if newest is not None and not log_append:  # decoded anyway: make it exact
-                    blob = _set_max_timestamp(blob, newest, broker.reactor,
-                                              records.read_header(blob).max_timestamp)
-        except RejectedRecords as exc:
-            # As Kafka, a refusal of records (not of the batch) reports the log start offset.
-            out.append(succeed(_Answer(index, exc.code, -1, _log_start(store, channel), -1,
-                                       exc.message, exc.record_errors)))
-            continue
+            if (header.compression != records.COMPRESSION_NONE
+                    and _decodes(header, log_append, rules, now_ms)):
+                ready = decoding.off_reactor(broker.reactor, slots, _decoded, blob, header,
+                                             log_append, rules, now_ms, name, broker.reactor)
+                out.append(order.run(channel, ready, append))
+                continue
+            blob = _decoded(blob, header, log_append, rules, now_ms, name, broker.reactor)
         except KafkaError as exc:
-            out.append(succeed((index, exc.code, -1, -1, -1, exc.message)))
+            out.append(succeed(_refused(Failure(exc), index, channel, store)))
             continue
-        data = _log_append_time(blob, now_ms) if log_append else blob
-        d = store.append_batch(channel, data, durable=durable, checked=True)  # by _check
-        metric.labels(topic.name).inc(len(blob))
-        d.addCallbacks(_appended, _append_failed,
-                       callbackArgs=(index, channel, store, now_ms if log_append else -1),
-                       errbackArgs=(index, channel))
-        out.append(d)
+        if order.waiting(channel):
+            out.append(order.run(channel, succeed(blob), append))
+        else:
+            out.append(append(blob))
     return gatherResults(out, consumeErrors=True)
+
+
+def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
+             rules: "_RecordRules | None", now_ms: int, name: str, clock: Any) -> bytes:
+    """The checks that may decode the records of ``blob`` (header ``header``), and the batch
+    to store; raises ``KafkaError`` for a refusal. Runs on a thread for a compressed batch
+    (``decoding``), so it touches nothing shared."""
+    if not log_append:
+        blob = _with_max_timestamp(blob, header, clock)
+    if rules is not None:
+        newest = rules.check(blob, now_ms, name)
+        if newest is not None and not log_append:  # decoded anyway: make it exact
+            blob = _set_max_timestamp(blob, newest, clock,
+                                      records.read_header(blob).max_timestamp)
+    return blob
+
+
+def _decodes(header: records.BatchHeader, log_append: bool, rules: "_RecordRules | None",
+             now_ms: int) -> bool:
+    """``_decoded`` will decode the records of a batch with this header."""
+    return ((not log_append and _max_timestamp_wrong(header))
+            or (rules is not None and rules.decodes(header, now_ms)))
+
+
+def _refused(failure: Failure, index: int, channel: str, store: Any) -> _Answer:
+    """The answer for a batch refused before its append."""
+    exc = failure.value
+    if isinstance(exc, RejectedRecords):
+        # As Kafka, a refusal of records (not of the batch) reports the log start offset.
+        return _Answer(index, exc.code, -1, _log_start(store, channel), -1, exc.message,
+                       exc.record_errors)
+    if isinstance(exc, KafkaError):
+        return _Answer(index, exc.code, -1, -1, -1, exc.message)
+    log.failure("checking a batch for {channel} failed", failure, channel=channel)
+    return _Answer(index, ErrorCode.unknown_server_error, -1, -1, -1, None)
 
 
 class _RecordRules:
@@ -274,9 +319,8 @@ class _RecordRules:
         """Raise ``RejectedRecords`` (or ``KafkaError``) if a record breaks a rule. Returns the
         records' newest timestamp when they were decoded, None when the header sufficed."""
         header = records.read_header(blob)
-        if (not self.compacted and self.before_ms == _UNBOUNDED
-                and header.max_timestamp - now_ms <= self.after_ms):
-            return None  # no record lies further ahead than the newest
+        if not self.decodes(header, now_ms):
+            return None
         count = header.records_count
         if count > MAX_CHECKED_RECORDS:
             # Decoding runs on the reactor: 10 KB of zstd holding 15 M keyed records held it
@@ -302,6 +346,13 @@ class _RecordRules:
             code = ErrorCode.invalid_timestamp if late else ErrorCode.invalid_record
             raise RejectedRecords(code, refused[0][1], tuple(refused))
         return newest
+
+    def decodes(self, header: records.BatchHeader, now_ms: int) -> bool:
+        """``check`` must decode the records of a batch with this header: with no ``before``
+        bound on a topic that is not compacted, a batch whose newest record is within
+        ``after`` has every record within it."""
+        return (self.compacted or self.before_ms != _UNBOUNDED
+                or header.max_timestamp - now_ms > self.after_ms)
 
     def _problem(self, record: Any, i: int, now_ms: int,
                  partition: str) -> tuple[ErrorCode, str] | None:
@@ -428,13 +479,30 @@ def _with_max_timestamp(blob: bytes, header: records.BatchHeader, clock: Any) ->
     recomputed here: the hot path decodes no records. (A header that claims a later max than
     its records' is made exact by ``_RecordRules`` when it decodes them: past the topic's
     ``after`` bound it must. One between its first record's and its true max is kept.)"""
-    if header.max_timestamp >= max(header.base_timestamp, 0) or header.is_control:
+    if not _max_timestamp_wrong(header):
         return blob
     try:
         newest = max((r.timestamp for r in records.iter_records(blob)), default=-1)
     except records.InvalidBatch as exc:
         raise KafkaError(error_code_for(exc), str(exc)) from None
     return _set_max_timestamp(blob, newest, clock, header.max_timestamp)
+
+
+def _max_timestamp_wrong(header: records.BatchHeader) -> bool:
+    """The header's max timestamp cannot be its records' (below the first, or negative)."""
+    return header.max_timestamp < max(header.base_timestamp, 0) and not header.is_control
+
+
+def _decoding_state(broker: Any) -> tuple[decoding.PartitionOrder, DeferredSemaphore]:
+    """The broker's append order and decoder slots, made on first use."""
+    state = broker.extras.get(_DECODING)
+    if state is None:
+        state = broker.extras[_DECODING] = (decoding.PartitionOrder(),
+                                            DeferredSemaphore(decoding.DECODERS))
+    return state
+
+
+_DECODING = "produce_decoding"
 
 
 def _set_max_timestamp(blob: bytes, newest: int, clock: Any, current: int) -> bytes:

@@ -286,6 +286,60 @@ def test_a_compression_bomb_to_a_compacted_topic_is_refused(broker: BrokerProces
     assert produce(raw, topic, {0: batch()})[0].base_offset == 0
 
 
+def test_many_bombs_in_one_request_do_not_hold_other_clients(broker: BrokerProcess,
+                                                             raw: Raw) -> None:
+    """Batches whose records must be decoded are decompressed on a thread: one request of
+    bombs (each up to ``DECOMPRESSED_MAX`` of work) held every other client for seconds when
+    they were decoded on the reactor."""
+    import threading
+
+    topic = unique("bombs")
+    create_topic(raw, topic, partitions=24, cleanup_policy="compact")
+    bomb = build_batch([NewRecord(value=bytes(records.DECOMPRESSED_MAX), key=b"k")],
+                       now_ms=1, compression=records.COMPRESSION_ZSTD)
+    answers: dict[int, Any] = {}
+
+    def send_bombs() -> None:
+        other = Raw(broker)
+        try:
+            answers.update(produce(other, topic, {p: bomb for p in range(24)}))
+        finally:
+            other.close()
+
+    sender = threading.Thread(target=send_bombs)
+    sender.start()
+    slowest = 0.0
+    deadline = time.monotonic() + 60
+    while sender.is_alive() and time.monotonic() < deadline:
+        started = time.monotonic()
+        raw.call(18, 0)  # ApiVersions
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.02)
+    sender.join(60)
+    assert {a.error_code for a in answers.values()} == {E.corrupt_message}
+    assert len(answers) == 24
+    assert slowest < 1.0, f"another client waited {slowest:.2f} s"
+
+
+def test_a_batch_behind_one_being_decoded_keeps_its_place(raw: Raw) -> None:
+    """A compressed batch to a compacted topic is decoded off the reactor; an uncompressed
+    batch pipelined right behind it to the same partition is appended after it."""
+    topic = unique("order")
+    create_topic(raw, topic, cleanup_policy="compact")
+    first = batch(2000, value_size=20_000, compression=records.COMPRESSION_GZIP)
+    fields = dict(transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5))
+    sent = []
+    for blob in (first, batch(1)):
+        sent.append(raw.send(0, 9, **fields, topic_data=[{"name": topic, "partition_data": [
+            {"index": 0, "records": blob}]}]))
+    got = [raw.receive(0, 9) for _ in sent]
+    assert [c for c, _ in got] == sent
+    parts = [r.responses[0].partition_responses[0] for _, r in got]
+    assert [p.error_code for p in parts] == [E.none, E.none], parts
+    offsets = [p.base_offset for p in parts]
+    assert offsets == [0, 2000]
+
+
 def test_one_bad_partition_never_fails_the_others(raw: Raw) -> None:
     topic = unique("mixed")
     produce(raw, topic, {0: batch()})  # auto-create (one partition)
