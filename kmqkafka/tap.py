@@ -22,7 +22,7 @@ from kmqkafka.kafka import (
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
-from kmqkafka.kafka.topics import TopicCatalog, partition_budget
+from kmqkafka.kafka.topics import TopicCatalog, connections_that_fit, partition_budget
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import ConnectionLimiter, KafkaFactory
 from kmqkafka.service import BrokerService, Listener, exit_cleanly_on_sigterm, exit_with
@@ -88,9 +88,10 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     broker = Broker(settings=settings, reactor=reactor, metrics=metrics, store=store)
     dispatcher = Dispatcher()
     broker.extras["dispatcher"] = dispatcher
+    connections = connections_that_fit(settings.kafka_max_connections)
     broker.extras["topics"] = TopicCatalog(
         store, default_partitions=settings.kafka_num_partitions,
-        max_partitions=partition_budget(settings.kafka_max_connections))
+        max_partitions=partition_budget(connections))
     broker.extras["topics"].on_deleted(lambda topic: metrics.forget_topic(topic.name))
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
@@ -99,7 +100,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
 
     listeners: list[Listener] = []
     if settings.kafka_enable:
-        limiter = ConnectionLimiter(settings.kafka_max_connections)
+        limiter = ConnectionLimiter(connections)
 
         def factory(name: str) -> KafkaFactory:
             return KafkaFactory(dispatcher, metrics, reactor, settings.max_frame_bytes, limiter,

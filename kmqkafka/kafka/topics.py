@@ -273,10 +273,27 @@ def _check_compaction_lags(merged: Mapping[str, str | None]) -> None:
 FDS_PER_PARTITION = 3
 
 
-def partition_budget(max_connections: int) -> int:
-    """Channels this process can keep open: its open-file limit (the soft limit is raised to
-    the hard one first) less the Kafka connections allowed and a reserve for everything else
-    (the Raft log, snapshots, HTTP), over ``FDS_PER_PARTITION``."""
+FD_RESERVE = 512  # descriptors kept for the Raft log, snapshots, checkpoints and HTTP
+
+
+def connections_that_fit(max_connections: int) -> int:
+    """``max_connections``, or fewer when the open-file limit could not hold that many
+    sockets beside the store's reserve and a minimal partition budget: connections that took
+    the last descriptors made the next checkpoint write fail, which stops a node's writes."""
+    soft = _open_file_limit()
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    fits = max(1, soft - FD_RESERVE - 16 * FDS_PER_PARTITION)
+    if max_connections > fits:
+        _log.warn("CONNECTORS_KAFKA_MAX_CONNECTIONS={wanted} does not fit the open-file limit "
+                  "({soft}); allowing {fits} connections", wanted=max_connections, soft=soft,
+                  fits=fits)
+        return fits
+    return max_connections
+
+
+def _open_file_limit() -> int:
+    """The soft open-file limit, raised to the hard one first."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         try:
@@ -284,9 +301,17 @@ def partition_budget(max_connections: int) -> int:
             soft = hard
         except (ValueError, OSError):
             pass
+    return soft
+
+
+def partition_budget(max_connections: int) -> int:
+    """Channels this process can keep open: its open-file limit (the soft limit is raised to
+    the hard one first) less the Kafka connections allowed and a reserve for everything else
+    (the Raft log, snapshots, HTTP), over ``FDS_PER_PARTITION``."""
+    soft = _open_file_limit()
     if soft == resource.RLIM_INFINITY:
         return 1 << 30
-    return max(16, (soft - max_connections - 512) // FDS_PER_PARTITION)
+    return max(16, (soft - max_connections - FD_RESERVE) // FDS_PER_PARTITION)
 
 
 RACE_TRIES = 16  # catalog writes in a row one change may lose to others (``retrying``)

@@ -383,7 +383,13 @@ class RaftDriver:
             d = succeed(None)
         early_applied = self._apply_stable(rd) if not d.called and not staged else 0
         d.addCallback(self._persisted, rd, staged, late, early_applied)
-        d.addErrback(self._fatal)
+        d.addErrback(self._ready_failed)
+
+    def _ready_failed(self, failure: Failure) -> None:
+        """The Ready's save or apply failed: nothing of it is running any more, so a
+        ``stop`` must not wait for it (SIGTERM hung after a refused checkpoint write)."""
+        self._busy = False
+        self._fatal(failure)
 
     def _may_write_through(self, rd: Ready) -> bool:
         """One-member cluster, new entries committed at once, no snapshot, and the saved term

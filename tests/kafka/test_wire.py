@@ -513,6 +513,39 @@ def test_connection_cap(tmp_path: Path) -> None:
         assert b.stop() == 0
 
 
+def test_connections_are_capped_to_what_the_open_file_limit_holds(tmp_path: Path) -> None:
+    """With 1,000 descriptors and the default cap of 1,000 connections, clients took the
+    last descriptors and the next checkpoint write failed: the node refused every write
+    until restarted. The cap now leaves the store its reserve."""
+    from confluent_kafka import Producer
+
+    b = start_broker(tmp_path, prefix=["prlimit", "--nofile=1000:1000"])
+    flood: list[socket.socket] = []
+    try:
+        assert "does not fit the open-file limit (1000); allowing 440" in b.log()
+        producer = Producer({"bootstrap.servers": b.bootstrap, "acks": "all",
+                             "message.timeout.ms": 10000})
+        producer.produce("fd-cap", b"before")
+        assert producer.flush(15) == 0
+        for _ in range(1000):
+            try:
+                flood.append(socket.create_connection((HOST, b.kafka_port), timeout=2))
+            except OSError:
+                break
+        time.sleep(1.0)  # the broker accepts (and refuses) what it can
+        failures: list[Any] = []
+        for i in range(50):
+            producer.produce("fd-cap", b"during-%d" % i,
+                             on_delivery=lambda err, msg: err and failures.append(err))
+        assert producer.flush(15) == 0
+        assert not failures, failures[:3]
+        assert b.health() == 200
+    finally:
+        for sock in flood:
+            sock.close()
+        assert b.stop() == 0
+
+
 def test_kafka_disabled_never_binds(tmp_path: Path) -> None:
     b = start_broker(tmp_path, kafka=False)
     try:
