@@ -892,7 +892,9 @@ class ChannelLog:
         if token is not None:
             token.run()
             self.complete_flush(token)
-        self._closed = True  # the page-cache budget skips its ranges from now on
+        self._closed = True
+        if self.page_cache is not None:
+            self.page_cache.forget(self)
         for token in list(self._tokens):
             for _seg, files in token.index_jobs:
                 for fd, _part, _final in files:

@@ -154,6 +154,20 @@ class PageCacheBudget:
             if cut > old.cold_below:
                 old.cold_below = cut
 
+    def forget(self, log: Any) -> None:
+        """``log`` was closed or deleted: its ranges leave the budget, so that the budget
+        neither keeps a deleted partition's objects alive (each held them until 64 MiB of
+        newer writes pushed them out: thousands of deleted topics) nor counts its bytes."""
+        kept: deque[list[Any]] = deque()
+        for entry in self._ranges:
+            if entry[0] is log:
+                self.held -= entry[3] - entry[2]
+                if self._newest.get(entry[1]) is entry:
+                    del self._newest[entry[1]]
+            else:
+                kept.append(entry)
+        self._ranges = kept
+
     def passed(self, seg: "Segment") -> None:
         """A reader moved on from ``seg`` to the next segment: drop its cold tail."""
         self.after_read(seg, seg.size + self.margin)

@@ -154,6 +154,35 @@ def test_ranges_of_deleted_logs_and_expired_segments_are_skipped(disk_dir: Path)
     assert os.path.isdir(disk_dir / "kept")
 
 
+def test_closed_and_deleted_logs_leave_the_budget(tmp_path: Path) -> None:
+    """A deleted partition's log stayed referenced (and counted) by the budget until 64 MiB
+    of newer writes pushed its ranges out: 3,000 deleted topics held 3,000 logs."""
+    import gc
+    import weakref
+
+    budget = PageCacheBudget(64 << 20)
+    kept = ChannelLog.open(tmp_path / "kept", CONFIG, 0, page_cache=budget)
+    refs = []
+    try:
+        fill(kept, 2, value_bytes=1000)
+        held_by_kept = budget.held
+        for i in range(4):
+            log = ChannelLog.open(tmp_path / f"ch{i}", CONFIG, 0, page_cache=budget)
+            fill(log, 3, value_bytes=1000)
+            if i % 2:
+                log.delete()
+            else:
+                log.close()
+            refs.append(weakref.ref(log))
+            del log
+        gc.collect()
+        assert [r() for r in refs] == [None] * 4
+        assert budget.held == held_by_kept > 0
+    finally:
+        kept.close()
+    assert budget.held == 0
+
+
 def test_small_flushes_share_one_entry_per_segment(disk_dir: Path) -> None:
     """A partition flushing a few hundred bytes at a time keeps the budget's bookkeeping
     small: its contiguous ranges merge (up to a MiB each)."""
