@@ -163,7 +163,9 @@ class KafkaProtocol(Protocol):
                 slot.deferred.cancel()
         self._buf = bytearray()
         self._pos = 0
-        self._fill = None
+        if self._fill is not None:
+            self.factory.fill_budget.give(len(self._fill))
+            self._fill = None
         self._fire_drained()
 
     @property
@@ -223,7 +225,10 @@ class KafkaProtocol(Protocol):
     def _start_fill(self, size: int) -> None:
         """Read the rest of this large request (a produce of up to a MiB or more) straight
         into a buffer of its own (``recvinto``) rather than appending 1 MiB reads to the
-        connection buffer: one copy of every produced byte less."""
+        connection buffer: one copy of every produced byte less. Not while the fill buffers
+        of all connections already hold ``recvinto.FILL_BUDGET``."""
+        if not self.factory.fill_budget.take(size):
+            return
         start = self._pos + 4
         have = len(self._buf) - start
         self._fill = bytearray(size)
@@ -241,6 +246,7 @@ class KafkaProtocol(Protocol):
         if self._fill is None or self._filled < len(self._fill):
             return
         whole, self._fill = self._fill, None
+        self.factory.fill_budget.give(len(whole))
         self._in_process = True
         try:
             with memoryview(whole) as view, view.toreadonly() as frame:
@@ -431,6 +437,9 @@ class KafkaProtocol(Protocol):
             d.callback(None)
 
 
+_FILL_BUDGET = recvinto.FillBudget()  # one per process: the plaintext and TLS listeners share it
+
+
 class _WriteBacklog:
     """Registered with the transport as a streaming producer of the connection's responses:
     the transport pauses it when its queue of unsent bytes passes ``bufferSize`` and resumes
@@ -494,6 +503,7 @@ class KafkaFactory(Factory):
         self.listener = listener
         self.broker = broker
         self.connections: set[KafkaProtocol] = set()
+        self.fill_budget = _FILL_BUDGET
         self.noisy = False
         self.max_idle_s = max_idle_s
         self._idle_sweep: LoopingCall | None = None

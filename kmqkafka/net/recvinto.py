@@ -15,7 +15,7 @@ from twisted.internet import main
 
 from kmqkafka.net.sendmsg import plain_tcp
 
-__all__ = ["install", "worth_filling"]
+__all__ = ["FillBudget", "install", "worth_filling"]
 
 FILL_MIN = 256 * 1024
 """Smaller frames are read as usual: the copy saved is not worth a buffer of their own."""
@@ -25,6 +25,32 @@ allocated whole, and a peer must not get a huge one for a four-byte length prefi
 FILL_HEAD = 64 * 1024
 """A frame gets its own buffer only once this much of it has arrived, which bounds what a
 peer can make the broker allocate to 256 times what it sent."""
+
+
+FILL_BUDGET = 256 << 20
+"""Bytes the fill buffers of all Kafka connections may hold at once: FILL_HEAD still let
+100 connections that each announced a 16 MiB frame and sent 64 KiB of it make the broker
+hold 1.6 GB. Past the budget a frame is read as usual, its buffer growing only as its bytes
+arrive."""
+
+
+class FillBudget:
+    """Bytes promised to fill buffers, shared by the connections of one process."""
+
+    def __init__(self, limit: int = FILL_BUDGET) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Reserve ``size`` bytes for a fill buffer; False when that would pass the limit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        """Return what ``take`` reserved (the frame completed, or its connection went)."""
+        self.held -= size
 
 
 def worth_filling(size: int, have: int) -> bool:

@@ -726,3 +726,27 @@ def test_a_client_that_never_reads_its_responses_does_not_grow_the_broker(
                 got.append(struct.unpack_from(">i", buf, 4)[0])
                 del buf[:4 + size]
     assert got == list(range(count))
+
+
+def test_announced_large_frames_do_not_make_the_broker_allocate_them_all(
+        broker: BrokerProcess) -> None:
+    """Connections that announce a 16 MiB request, send 64 KiB of it and stall: each got a
+    16 MiB buffer (100 of them held 1.6 GB). Past a shared budget, a frame's buffer grows only
+    with the bytes that arrive."""
+    before = _rss_kb(broker.pid)
+    size = 16 << 20
+    stalled: list[socket.socket] = []
+    try:
+        for i in range(60):
+            sock = socket.create_connection((HOST, broker.kafka_port), timeout=5)
+            head = struct.pack(">ihhi", size, 18, 0, i) + b"\0\0"
+            sock.sendall(head + bytes(64 * 1024 + 16))
+            stalled.append(sock)
+        time.sleep(1.0)
+        grown_mb = (_rss_kb(broker.pid) - before) / 1024
+        roundtrip_ok(broker.kafka_port)
+        assert grown_mb < 400, f"{grown_mb:.0f} MB for 60 stalled frames of 64 KiB"
+    finally:
+        for sock in stalled:
+            sock.close()
+    roundtrip_ok(broker.kafka_port)
