@@ -71,6 +71,17 @@ SETTINGS: tuple[Setting, ...] = (
             "largest record batch accepted"),
     Setting("kafka_max_groups", "CONNECTORS_KAFKA_MAX_GROUPS", "kafka-max-groups", "kafka",
             "max_groups", "posint", 10000, "consumer groups allowed"),
+    Setting("kafka_offsets_retention_minutes", "CONNECTORS_KAFKA_OFFSETS_RETENTION_MINUTES",
+            "kafka-offsets-retention-minutes", "kafka", "offsets_retention_minutes", "posint",
+            10080, "committed offsets of a group left empty (or of topics it no longer reads) "
+            "this long are deleted, then the empty group itself (Kafka's "
+            "offsets.retention.minutes)"),
+    Setting("kafka_offsets_retention_check_interval_ms",
+            "CONNECTORS_KAFKA_OFFSETS_RETENTION_CHECK_INTERVAL_MS",
+            "kafka-offsets-retention-check-interval-ms", "kafka",
+            "offsets_retention_check_interval_ms", "posint", 600000,
+            "how often (ms) expired offsets and empty groups are looked for (Kafka's "
+            "offsets.retention.check.interval.ms)"),
     Setting("kafka_group_initial_rebalance_delay_ms",
             "CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS",
             "kafka-group-initial-rebalance-delay-ms", "kafka", "group_initial_rebalance_delay_ms",
@@ -253,6 +264,8 @@ class Settings:
     kafka_connections_max_idle_ms: int = 600000
     kafka_max_message_bytes: int = 1048576
     kafka_max_groups: int = 10000
+    kafka_offsets_retention_minutes: int = 10080
+    kafka_offsets_retention_check_interval_ms: int = 600000
     kafka_group_initial_rebalance_delay_ms: int = 3000
     kafka_group_min_session_timeout_ms: int = 6000
     kafka_group_max_session_timeout_ms: int = 1800000

@@ -48,7 +48,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from kmqkafka.coordinators.offsets import (
-    FAMILY as OFFSETS_FAMILY, CommittedOffset, OffsetStore, TopicPartition,
+    FAMILY as OFFSETS_FAMILY, CommittedOffset, OffsetStore, Record, TopicPartition,
 )
 
 GROUPS_FAMILY = "groups"
@@ -182,6 +182,7 @@ class ClassicGroup:
     initial_delay: bool = False
     joined_in_delay: bool = False  # a new member came during the current initial delay
     sync_timer: IDelayedCall | None = None
+    empty_since_ms: int | None = None  # when its last member left (offset expiry counts from it)
 
     def rebalance_timeout_ms(self) -> int:
         return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
@@ -259,6 +260,7 @@ class GroupLog:
     """The ``groups`` family: one record per group, ``key = group_id`` (UTF-8), value JSON::
 
         {"protocol_type": str|null, "generation": int, "protocol": str|null, "leader": str|null,
+         "empty_ms": int (when its last member left; absent before),
          "members": [{"id", "instance", "client_id", "client_host", "session_ms",
                       "rebalance_ms", "protocols": [[name, base64 metadata]...],
                       "assignment": base64}]}
@@ -279,6 +281,8 @@ class GroupLog:
         value = {"protocol_type": group.protocol_type, "generation": group.generation_id,
                  "protocol": group.protocol_name if members else None,
                  "leader": group.leader_id if members else None, "members": members}
+        if not members and group.empty_since_ms is not None:
+            value["empty_ms"] = group.empty_since_ms
         return group.group_id.encode(), json.dumps(value, separators=(",", ":")).encode()
 
     @staticmethod
@@ -289,7 +293,8 @@ class GroupLog:
     def replay(value: bytes, group_id: str) -> ClassicGroup:
         d = json.loads(value)
         group = ClassicGroup(group_id, generation_id=d["generation"],
-                             protocol_type=d.get("protocol_type"))
+                             protocol_type=d.get("protocol_type"),
+                             empty_since_ms=d.get("empty_ms"))
         for md in d.get("members", ()):
             m = Member(
                 member_id=md["id"], group_instance_id=md.get("instance"),
@@ -728,6 +733,7 @@ class GroupCoordinator:
         group.generation_id += 1
         if not group.members:
             group.state = GroupState.EMPTY
+            group.empty_since_ms = int(self.clock.seconds() * 1000)
             group.protocol_name = None
             group.leader_id = None
             log.info("group {group} is empty at generation {generation}",
@@ -1021,6 +1027,75 @@ class GroupCoordinator:
         for key, value in records:
             self.offsets.replay(key, value)
         return d
+
+    def expire_offsets(self, retention_ms: int) -> Deferred:
+        """Kafka's periodic clean-up (``offsets.retention.minutes``, KIP-211): committed
+        offsets older than ``retention_ms`` go, then every empty group left without offsets.
+
+        What counts as older, as in Kafka: an empty classic group's offsets from when its last
+        member left (or their commit, for a group emptied before that was recorded); a
+        standalone group's (no protocol) each from its commit; a stable consumer-protocol
+        group's, and a KIP-848 group's, only for topics it no longer subscribes to, from their
+        commit. An offset whose commit time is unknown (0) never expires. Fires with the ids
+        of the groups deleted."""
+        now_ms = int(self.clock.seconds() * 1000)
+        records: list[Record] = []
+        touched: list[str] = []
+        for group_id in self.offsets.groups():
+            expired = self._expired(group_id, now_ms, retention_ms)
+            if expired:
+                records += self.offsets.delete_records(group_id, expired)
+                touched.append(group_id)
+        for key, value in records:
+            self.offsets.replay(key, value)
+        writes = [self._persist(records, OFFSETS_FAMILY)] if records else []
+        # A standalone group with no group record is gone with its last offset.
+        gone = [g for g in touched if g not in self.groups and not self.offsets.has_group(g)
+                and (self.consumer_groups is None
+                     or self.consumer_groups.subscribed_topics(g) is None)]
+        tombs: list[Record] = []
+        for group_id, group in list(self.groups.items()):
+            if group.state is GroupState.EMPTY and not self.offsets.has_group(group_id):
+                group.state = GroupState.DEAD
+                self._cancel_group_timers(group)
+                del self.groups[group_id]
+                tombs.append(GroupLog.tombstone(group_id))
+                gone.append(group_id)
+        if tombs:
+            writes.append(self._persist(tombs))
+        if self.consumer_groups is not None:
+            empty = [g for g, state in self.consumer_groups.list_groups()
+                     if state == "Empty" and not self.offsets.has_group(g)]
+            if empty:
+                _results, written = self.consumer_groups.delete_groups(empty)
+                writes.append(written)
+                gone += empty
+        if gone or records:
+            log.info("offset expiry removed {offsets} offset(s) and {groups} empty group(s)",
+                     offsets=len(records), groups=len(gone))
+        return gatherResults(writes, consumeErrors=True).addCallback(lambda _: gone)
+
+    def _expired(self, group_id: str, now_ms: int, retention_ms: int) -> list[TopicPartition]:
+        """The partitions of ``group_id`` whose committed offsets have expired."""
+        offsets = self.offsets.of_group(group_id)
+        subscribed: set[str] | None = (None if self.consumer_groups is None
+                                       else self.consumer_groups.subscribed_topics(group_id))
+        since: int | None = None
+        if subscribed is None:
+            group = self.groups.get(group_id)
+            subscribed = set()
+            if group is not None and group.protocol_type:
+                if group.state is GroupState.EMPTY:
+                    since = group.empty_since_ms
+                elif (group.protocol_type == CONSUMER_PROTOCOL_TYPE
+                      and group.state is GroupState.STABLE
+                      and group.subscribed_topics() is not None):
+                    subscribed = group.subscribed_topics() or set()
+                else:
+                    return []  # in a rebalance, or its subscriptions unknown: keep them all
+        return [tp for tp, c in offsets.items()
+                if tp[0] not in subscribed and c.commit_ms > 0
+                and now_ms - max(since or 0, c.commit_ms) >= retention_ms]
 
     def rebalance_groups_subscribed_to(self, topic: str) -> list[str]:
         """Trigger a rebalance of every active consumer group subscribed to ``topic``.

@@ -194,6 +194,10 @@ _BROKER_DOCS: dict[str, str] = {
     "max.connections": "Kafka connections this node accepts at once.",
     "node.id": "This node's id (KMQKAFKA_NODE_ID).",
     "num.partitions": "Partition count of auto-created topics and of CreateTopics without one.",
+    "offsets.retention.check.interval.ms": "How often expired offsets and empty groups are "
+                                           "removed.",
+    "offsets.retention.minutes": "Committed offsets of a group left empty this long (or of "
+                                 "topics it no longer reads) are deleted, then the group.",
     "offsets.topic.replication.factor": "Committed offsets live in the replicated store, not "
                                         "in a topic.",
     "transaction.state.log.replication.factor": "Producer state lives in the replicated "
@@ -279,6 +283,10 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "max.connections": (str(s.kafka_max_connections), SOURCE_STATIC_BROKER, INT),
         "node.id": (str(me), SOURCE_STATIC_BROKER, INT),
         "num.partitions": (str(topics.default_partitions), SOURCE_STATIC_BROKER, INT),
+        "offsets.retention.check.interval.ms": (
+            str(s.kafka_offsets_retention_check_interval_ms), SOURCE_STATIC_BROKER, LONG),
+        "offsets.retention.minutes": (str(s.kafka_offsets_retention_minutes),
+                                      SOURCE_STATIC_BROKER, INT),
         "offsets.topic.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
         "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
     }

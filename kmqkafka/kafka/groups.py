@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -92,7 +93,26 @@ def install(broker: Broker) -> GroupCoordinator:
         # Kafka drops a deleted topic's committed offsets. The serving coordinator does it
         # (DeleteTopics is relayed to the leader, see ``register``).
         topics.on_deleted(lambda topic: coordinator.forget_topic(topic.name) if ready() else None)
+    _expire_offsets_periodically(broker, coordinator, ready)
     return coordinator
+
+
+def _expire_offsets_periodically(broker: Broker, coordinator: GroupCoordinator,
+                                 ready: Callable[[], bool]) -> None:
+    """Kafka's offset clean-up, every ``offsets.retention.check.interval.ms``, run by the
+    node that serves the groups (its deletions replicate like any other)."""
+    settings = broker.settings
+    retention_ms = settings.kafka_offsets_retention_minutes * 60_000
+
+    def run() -> None:
+        if getattr(broker.store, "started", False) and ready():
+            coordinator.expire_offsets(retention_ms).addErrback(
+                lambda f: log.warn("offset expiry failed: {error}", error=f.getErrorMessage()))
+
+    loop = LoopingCall(run)
+    loop.clock = broker.reactor
+    loop.start(settings.kafka_offsets_retention_check_interval_ms / 1000, now=False)
+    broker.extras["offset_expiry"] = loop
 
 
 class Coordination:

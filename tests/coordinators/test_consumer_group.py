@@ -469,3 +469,24 @@ def test_offset_commit_and_fetch_checks() -> None:
     assert h.c.validate_fetch("g", "a", 0) is E.stale_member_epoch
     a.leave()
     assert h.c.validate_commit("g", "", -1) is E.none
+
+
+def test_offset_expiry_keeps_subscribed_topics_and_removes_an_empty_group() -> None:
+    """KIP-848 groups under offsets.retention: offsets of topics no member subscribes to
+    expire from their commit; an empty group goes once its offsets have."""
+    from kmqkafka.coordinators.offsets import CommittedOffset
+
+    day_ms = 86_400_000
+    h = Harness(topics=FakeTopics(t=6, u=1))
+    h.clock.advance(3 * day_ms / 1000)
+    a = h.client("a")
+    a.heartbeat()
+    old = int(h.clock.seconds() * 1000) - 2 * day_ms
+    result(h.classic.commit_offsets("g", [("t", 0, CommittedOffset(5, -1, "", old)),
+                                          ("u", 0, CommittedOffset(5, -1, "", old))]))
+    assert result(h.classic.expire_offsets(day_ms)) == []
+    assert list(h.classic.fetch_offsets("g")) == [("t", 0)]
+    a.leave()
+    assert result(h.classic.expire_offsets(day_ms)) == ["g"]
+    assert h.c.describe("g") is None
+    assert h.classic.fetch_offsets("g") == {}

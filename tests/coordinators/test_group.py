@@ -499,3 +499,78 @@ def test_the_initial_delay_waits_once_without_newcomers_and_never_past_the_rebal
             break
         joins.append(slow.new_member()[1])
     assert not parked(joins[0]) and slow.clock.seconds() <= 60  # within the rebalance timeout
+
+
+# --- offset expiry (offsets.retention.minutes) ------------------------------------------
+
+DAY_MS = 86_400_000
+
+
+def _commit(h: Harness, group: str, *partitions: tuple[str, int], age_ms: int = 0) -> None:
+    now_ms = int(h.clock.seconds() * 1000) - age_ms
+    result(h.c.commit_offsets(group, [(t, p, CommittedOffset(7, -1, "", now_ms))
+                                      for t, p in partitions]))
+
+
+def test_an_empty_groups_offsets_expire_from_when_it_emptied_then_the_group_goes() -> None:
+    h = Harness()
+    h.clock.advance(1_000)
+    a, ja = h.new_member()
+    generation = result(ja).generation_id
+    result(h.sync(a, generation, {a: b"A"}))
+    _commit(h, "g", ("t", 0))
+    h.clock.advance(5 * DAY_MS / 1000)  # members still there: nothing expires
+    assert result(h.c.expire_offsets(DAY_MS)) == []
+    assert h.c.fetch_offsets("g")
+    h.c.leave("g", [(a, None)])
+    assert h.state() is GroupState.EMPTY
+    h.clock.advance((DAY_MS - 1) / 1000)  # a day after the commit, not after it emptied
+    assert result(h.c.expire_offsets(DAY_MS)) == []
+    assert h.c.fetch_offsets("g")
+    h.clock.advance(1)
+    assert result(h.c.expire_offsets(DAY_MS)) == ["g"]
+    assert h.c.fetch_offsets("g") == {}
+    assert "g" not in h.c.groups
+    assert b"g" not in h.store.families.get("groups", {})
+    assert h.store.families.get("offsets", {}) == {}
+
+
+def test_standalone_offsets_expire_each_from_its_own_commit() -> None:
+    h = Harness()
+    h.clock.advance(1_000)
+    _commit(h, "solo", ("t", 0))
+    h.clock.advance(DAY_MS / 2000)
+    _commit(h, "solo", ("t", 1))
+    h.clock.advance(DAY_MS / 2000)
+    assert result(h.c.expire_offsets(DAY_MS)) == []
+    assert list(h.c.fetch_offsets("solo")) == [("t", 1)]
+    h.clock.advance(DAY_MS / 2000)
+    assert result(h.c.expire_offsets(DAY_MS)) == ["solo"]
+
+
+def test_a_stable_group_keeps_the_offsets_of_topics_it_subscribes_to() -> None:
+    h = Harness()
+    h.clock.advance(2 * DAY_MS / 1000)
+    a, ja = h.new_member()  # subscribes to "t"
+    generation = result(ja).generation_id
+    result(h.sync(a, generation, {a: b"A"}))
+    _commit(h, "g", ("t", 0), ("old", 0), age_ms=DAY_MS)  # committed a day ago
+    assert result(h.c.expire_offsets(DAY_MS)) == []
+    assert list(h.c.fetch_offsets("g")) == [("t", 0)]
+    assert h.state() is GroupState.STABLE
+
+
+def test_the_time_a_group_emptied_survives_a_restart() -> None:
+    h = Harness()
+    h.clock.advance(1_000)
+    a, ja = h.new_member()
+    result(h.sync(a, result(ja).generation_id, {a: b"A"}))
+    _commit(h, "g", ("t", 0))
+    h.clock.advance(3 * DAY_MS / 1000)
+    h.c.leave("g", [(a, None)])
+    again = GroupCoordinator(h.clock, h.store)
+    again.load()
+    h.clock.advance(DAY_MS / 2000)
+    assert result(again.expire_offsets(DAY_MS)) == []
+    h.clock.advance(DAY_MS / 2000)
+    assert result(again.expire_offsets(DAY_MS)) == ["g"]
