@@ -12,6 +12,15 @@ what is left before their elements are walked, tagged fields of flexible version
 inside their stated size, and one request holds at most ``MAX_ELEMENTS`` array elements. It
 raises ``MalformedFrame``; the connection then closes, as for any malformed request. Plans are
 built once per kio class.
+
+It also refuses what Kafka's generated readers refuse while parsing: a null (length -1) for a
+field the schema does not make nullable ("non-nullable field X was serialized as null"), and a
+string longer than 32,767 bytes, compact or not. A handler met such a null as ``None`` and
+failed; a 40,000-character group id was stored, and every later ListGroups v0-2 response
+failed to encode.
+
+Unknown tagged fields are skipped, as KIP-482 asks of a receiver (kio's reader refuses them):
+``check`` notes where they lie, and ``without_unknown_tags`` returns the frame without them.
 """
 from __future__ import annotations
 
@@ -25,7 +34,7 @@ from kio.serial._introspect import (
     get_field_tag, get_schema_field_type, is_optional,
 )
 
-__all__ = ["MalformedFrame", "check"]
+__all__ = ["MalformedFrame", "check", "without_unknown_tags"]
 
 
 class MalformedFrame(ValueError):
@@ -49,13 +58,49 @@ MAX_ELEMENTS = 200_000
 partition of a large cluster is a few thousand); a 4 MB DescribeProducers naming a million
 partitions held the reactor for 8.5 s."""
 
+MAX_STRING = 0x7FFF  # Kafka's readers refuse a longer string, compact ones included
+
 _budget = [MAX_ELEMENTS]  # reactor thread only: reset by every ``check``
+# Unknown tagged fields the last ``check`` met, per tagged-field section:
+# (start of its count, end of its count, count, [(start, end) of each unknown field]).
+_unknown: list[tuple[int, int, int, list[tuple[int, int]]]] = []
+_in_tagged = [0]  # depth of known tagged fields being walked
 
 
 def check(entity_type: type, frame: Any, offset: int = 0) -> int:
     """Walk ``entity_type`` over ``frame`` from ``offset``; return where it ends."""
     _budget[0] = MAX_ELEMENTS
+    _unknown.clear()
+    _in_tagged[0] = 0
     return _entity_step(entity_type)(frame, offset, len(frame))
+
+
+def without_unknown_tags(frame: Any) -> Any:
+    """``frame`` as the last ``check`` walked it, less the unknown tagged fields it met (each
+    section's count lowered to match); ``frame`` itself when there were none."""
+    if not _unknown:
+        return frame
+    out = bytearray()
+    prev = 0
+    for count_start, count_end, count, spans in sorted(_unknown):
+        out += frame[prev:count_start]
+        out += _uvarint_bytes(count - len(spans))
+        prev = count_end
+        for start, end in spans:
+            out += frame[prev:start]
+            prev = end
+    out += frame[prev:]
+    _unknown.clear()
+    return bytes(out)
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
@@ -93,12 +138,15 @@ def _length_reader(flexible: bool, legacy: struct.Struct) -> Callable[[Any, int,
     return fixed
 
 
-def _primitive_step(kafka_type: str, flexible: bool, legacy_string: bool = False) -> Step:
+def _primitive_step(kafka_type: str, flexible: bool, legacy_string: bool = False,
+                    nullable: bool = True, name: str = "") -> Step:
     fixed = _FIXED.get(kafka_type)
     if fixed is not None:
         return lambda buf, pos, end: _skip(pos, fixed, end)
+    longest = None
     if kafka_type == "string":
         read = _length_reader(flexible and not legacy_string, _I16)
+        longest = MAX_STRING
     elif kafka_type in ("bytes", "records"):
         read = _length_reader(flexible, _I32)
     else:
@@ -106,17 +154,26 @@ def _primitive_step(kafka_type: str, flexible: bool, legacy_string: bool = False
 
     def sized(buf: Any, pos: int, end: int) -> int:
         n, pos = read(buf, pos, end)
-        return pos if n == -1 else _skip(pos, n, end)
+        if n == -1:
+            if not nullable:
+                raise MalformedFrame(f"non-nullable field {name} was serialized as null")
+            return pos
+        if longest is not None and n > longest:
+            raise MalformedFrame(f"string field {name} had invalid length {n}")
+        return _skip(pos, n, end)
     return sized
 
 
-def _array_step(element: Step, flexible: bool, fixed: int | None = None) -> Step:
+def _array_step(element: Step, flexible: bool, fixed: int | None = None,
+                nullable: bool = True, name: str = "") -> Step:
     """``fixed``: the element size when it has one (skipped in one step)."""
     read = _length_reader(flexible, _I32)
 
     def array(buf: Any, pos: int, end: int) -> int:
         n, pos = read(buf, pos, end)
         if n == -1:
+            if not nullable:
+                raise MalformedFrame(f"non-nullable field {name} was serialized as null")
             return pos
         if n < 0 or n > end - pos:  # every element takes at least one byte
             raise MalformedFrame(f"an array of {n} elements in {end - pos} bytes")
@@ -133,15 +190,18 @@ def _array_step(element: Step, flexible: bool, fixed: int | None = None) -> Step
 
 def _field_step(field: Any, flexible: bool, header: bool, tagged: bool) -> Step:
     kind = classify_field(field)
+    nullable = is_optional(field)
     if isinstance(kind, PrimitiveField):
         return _primitive_step(get_schema_field_type(field), flexible,
-                               legacy_string=header and field.name == "client_id")
+                               legacy_string=header and field.name == "client_id",
+                               nullable=nullable, name=field.name)
     if isinstance(kind, PrimitiveTupleField):
         kafka_type = get_schema_field_type(field)
-        return _array_step(_primitive_step(kafka_type, flexible), flexible,
-                           _FIXED.get(kafka_type))
+        return _array_step(_primitive_step(kafka_type, flexible, name=field.name), flexible,
+                           _FIXED.get(kafka_type), nullable, field.name)
     if isinstance(kind, EntityTupleField):
-        return _array_step(_entity_step(kind.type_), flexible)
+        return _array_step(_entity_step(kind.type_), flexible, nullable=nullable,
+                           name=field.name)
     assert isinstance(kind, EntityField)
     inner = _entity_step(kind.type_)
     if tagged or not is_optional(field):
@@ -172,16 +232,30 @@ def _entity_step(entity_type: type) -> Step:
             pos = step(buf, pos, end)
         if not flexible:
             return pos
+        count_start = pos
         count, pos = _uvarint(buf, pos, end)
         if count > end - pos:
             raise MalformedFrame(f"{count} tagged fields in {end - pos} bytes")
+        count_end = pos
+        unknown: list[tuple[int, int]] = []
         for _ in range(count):
+            field_start = pos
             tag, pos = _uvarint(buf, pos, end)
             size, pos = _uvarint(buf, pos, end)
             stop = _skip(pos, size, end)
             step = tags.get(tag)
             if step is not None:
-                step(buf, pos, stop)
+                _in_tagged[0] += 1
+                try:
+                    step(buf, pos, stop)
+                finally:
+                    _in_tagged[0] -= 1
+            else:
+                unknown.append((field_start, stop))
             pos = stop
+        if unknown:
+            if _in_tagged[0]:  # dropping it would change the enclosing field's size
+                raise MalformedFrame("an unknown tagged field inside a tagged field")
+            _unknown.append((count_start, count_end, count, unknown))
         return pos
     return entity

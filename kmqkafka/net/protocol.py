@@ -293,12 +293,14 @@ class KafkaProtocol(Protocol):
         try:
             # Lengths first: kio would reserve whatever an array count claims (see guard.py).
             guard.check(request_type.__header_schema__, frame, 0)
+            frame = guard.without_unknown_tags(frame)
             header, used = entity_reader(request_type.__header_schema__)(frame, 0)
             guard.check(request_type, frame, used)
+            frame = guard.without_unknown_tags(frame)
             request, body = entity_reader(request_type)(frame, used)
             # Trailing bytes are ignored, as Apache Kafka does: librdkafka, for one, sends
             # Metadata v12 bodies with fields the schema no longer has.
-        except (SerialError, ValueError, TypeError, OverflowError) as e:
+        except (SerialError, ValueError, TypeError, OverflowError, KeyError) as e:
             self._violation("malformed_request", "malformed {api} v{version} request: {error}",
                             api=api_name(api_key), version=api_version, error=str(e))
             return

@@ -384,6 +384,57 @@ def test_counts_beyond_the_frame_close_only_that_connection(broker: BrokerProces
     roundtrip_ok(broker.kafka_port)
 
 
+def test_unknown_tagged_fields_are_skipped(broker: BrokerProcess) -> None:
+    """KIP-482: a receiver skips tagged fields it does not know, in the header, the body and
+    nested structs (a newer client may send them). They closed the connection, with an
+    unhandled KeyError from kio in the log."""
+    from kio.index import load_response_schema
+
+    header = struct.pack(">hhih", 18, 3, 1, 4) + b"fuzz" + b"\x01\x03\x02hi"  # tag 3
+    body = b"\x0awire-test\x041.0" + b"\x02\x07\x01\x00\x41\x00"  # tags 7 and 65
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(struct.pack(">i", len(header + body)) + header + body)
+        assert decode_api_versions(read_response(sock), 3)[0] == 1
+        topic = bytes(16) + b"\x07tagged" + b"\x01\x09\x03abc"  # a topic with tag 9
+        metadata = _header_v2(3, 12) + b"\x02" + topic + b"\x01\x00" + b"\x00"
+        sock.sendall(struct.pack(">i", len(metadata)) + metadata)
+        payload = read_response(sock)
+    response_type = load_response_schema(3, 12)
+    head, used = entity_reader(response_type.__header_schema__)(payload, 0)
+    response, _ = entity_reader(response_type)(payload, used)
+    assert head.correlation_id == 7
+    assert [t.name for t in response.topics] == ["tagged"]
+    assert "Unhandled" not in broker.log()
+
+
+NOT_KAFKA = {
+    # ListOffsets v5: topics (not nullable) sent as null.
+    "null array": struct.pack(">hhih", 2, 5, 7, 4) + b"fuzz" + struct.pack(">ib", -1, 0)
+    + struct.pack(">i", -1),
+    # FindCoordinator v4: coordinator_keys (not nullable) null.
+    "null compact array": _header_v2(10, 4) + b"\x00" + b"\x00" + b"\x00",
+    # OffsetCommit v9: a group id of 40,000 characters (Kafka allows 32,767).
+    "long compact string": _header_v2(8, 9) + _uvarint(40_001) + b"g" * 40_000
+    + struct.pack(">i", -1) + b"\x01" + b"\x00" + b"\x01" + b"\x00",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_KAFKA))
+def test_what_kafkas_readers_refuse_closes_the_connection(broker: BrokerProcess,
+                                                         name: str) -> None:
+    """A null for a field that is not nullable, or a string over 32,767 bytes: Kafka fails
+    such a request while parsing it. A handler met the null as None (a traceback, then
+    UNKNOWN_SERVER_ERROR or a closed connection); the long group id was stored, and every
+    later ListGroups v0-2 response failed to encode."""
+    body = NOT_KAFKA[name]
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        assert is_closed(sock)
+    log = broker.log()
+    assert "malformed" in log and "Traceback" not in log, log[-3000:]
+    roundtrip_ok(broker.kafka_port)
+
+
 def test_a_request_naming_too_many_elements_closes_only_that_connection(
         broker: BrokerProcess) -> None:
     """A legal but enormous request (300,000 partitions in one DescribeProducers) would hold
