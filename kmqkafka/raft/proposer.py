@@ -274,6 +274,7 @@ class RaftProposer:
         self._kept_snapshot = 0                         # the newest ``prune_snapshots`` kept
         self._sweep_s = max(min(propose_timeout_s / 4, 0.5), 0.001)
         self._sweeper: IDelayedCall | None = None
+        self._retry: IDelayedCall | None = None  # one retry of the parked proposals at a time
         self.group_entries = 0
         self._waiting: dict[int, list[_Pending]] = {}   # index -> proposals placed there
         self._parked: list[_Pending] = []               # no leader (or forward failed)
@@ -698,8 +699,12 @@ class RaftProposer:
         if p.d.called:
             return
         # Not accepted by whoever we thought led: wait for the next leader or a short retry.
+        # One retry for all of them: a dead leader refuses every forward at once, and a
+        # retry per refusal (each resubmitting every parked proposal) multiplied the timers
+        # by the number parked every round, starving the election timer.
         self._parked.append(p)
-        self._clock.callLater(self._tick_s * 2, self._retry_parked)
+        if self._retry is None or not self._retry.active():
+            self._retry = self._clock.callLater(self._tick_s * 2, self._retry_parked)
 
     def _place(self, p: _Pending, index: int, term: int) -> None:
         p.index, p.term = index, term

@@ -163,6 +163,23 @@ def test_a_follower_forwards_to_the_leader_and_gets_the_result(tmp_path):
     assert values(cl.stores[leader], "kafka.f") == [b"x", b"y", b"z"]
 
 
+def test_forwards_failing_at_once_share_one_retry_timer(tmp_path):
+    """A dead leader refuses every forward at once. Each refusal scheduled a retry of every
+    parked proposal, so N proposals made N^2 timers a round, then N^3: a follower spun at
+    1.6 GB for a minute and its election timer starved."""
+    cl = Cluster(tmp_path)
+    leader = cl.wait_leader()
+    follower = next(i for i in cl.ids if i != leader)
+    fs = cl.stores[follower]
+    assert cl.result(fs.create_channel("kafka.f")) is True
+    cl.crash(leader)
+    answers = [fs.append_batch("kafka.f", batch(b"%d" % i)) for i in range(20)]
+    cl.run(TICK * 5)  # before the followers' election timeout
+    assert len(cl.clock.getDelayedCalls()) < 100
+    firsts = sorted(cl.result(d, seconds=10).first_sequence for d in answers)
+    assert firsts == list(range(1, 21))
+
+
 def test_leader_crash_elects_a_new_leader_and_the_old_one_catches_up(tmp_path):
     cl = Cluster(tmp_path)
     old = cl.wait_leader()
