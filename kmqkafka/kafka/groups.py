@@ -129,6 +129,7 @@ class Coordination:
         self._timer: Any = None
         self.forwarder: Any = None
         self.reloads = 0
+        self._leader: int | None = None  # the leader forwarded calls last went to
 
     def clustered(self) -> bool:
         return identity.clustered(self.broker)
@@ -163,6 +164,7 @@ class Coordination:
         if not self.clustered() or not getattr(broker.store, "started", False):
             return
         term = identity.term(broker)
+        self._follow_leader()
         if broker.store.is_leader():
             if self.ready_term == term or self._loading_term == term:
                 return
@@ -184,6 +186,21 @@ class Coordination:
             self._loading_term = None
             if self.ready_term is not None:
                 self._unload("this node is no longer the raft leader")
+
+    def _follow_leader(self) -> None:
+        """When another node leads now, calls forwarded to the old leader are cut off (they
+        fail retriably, and the client asks again, reaching the new leader)."""
+        leader = self.broker.store.leader_id()
+        if leader == self._leader or leader is None:
+            return
+        self._leader = leader
+        if self.forwarder is None:
+            return
+        mine = leader == identity.node_id(self.broker)
+        where = None if mine else identity.endpoint(self.broker, leader, "PLAINTEXT")
+        if self.forwarder.leader_moved(where):
+            log.info("raft leader is now node {leader}: calls forwarded to the old leader "
+                     "were cut off", leader=leader)
 
     def _barrier_passed(self, _: object, term: int) -> None:
         if self._loading_term != term:

@@ -133,18 +133,26 @@ class _Connection(Protocol):
             d.errback(ForwardError("the leader closed the connection"))
         if self.on_lost is not None:
             self.on_lost(self)
+        self.factory.lost(self)
 
 
 class _Factory(ClientFactory):
     protocol = _Connection
 
-    def __init__(self, ready: Deferred) -> None:
+    def __init__(self, ready: Deferred, endpoint: tuple[str, int],
+                 live: dict[_Connection, tuple[str, int]]) -> None:
         self.ready: Deferred | None = ready
+        self.endpoint = endpoint
+        self.live = live  # the forwarder's open connections and their endpoints
 
     def made(self, conn: _Connection) -> None:
+        self.live[conn] = self.endpoint
         d, self.ready = self.ready, None
         if d is not None and not d.called:
             d.callback(conn)
+
+    def lost(self, conn: _Connection) -> None:
+        self.live.pop(conn, None)
 
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
         d, self.ready = self.ready, None
@@ -162,7 +170,7 @@ class Forwarder:
         self._timeout = request_timeout_s
         self._pool: dict[tuple[str, int], _Connection] = {}
         self._connecting: dict[tuple[str, int], list[Deferred]] = {}
-        self._exclusive: set[_Connection] = set()
+        self._live: dict[_Connection, tuple[str, int]] = {}
         self.forwarded = 0
 
     def call(self, host: str, port: int, request: Any, client_id: str, *,
@@ -225,7 +233,8 @@ class Forwarder:
 
     def _connect(self, host: str, port: int) -> Deferred:
         ready: Deferred = Deferred()
-        self._reactor.connectTCP(host, port, _Factory(ready), timeout=self._connect_timeout)
+        self._reactor.connectTCP(host, port, _Factory(ready, (host, port), self._live),
+                                 timeout=self._connect_timeout)
         return ready
 
     def _pooled(self, host: str, port: int) -> Deferred:
@@ -254,6 +263,16 @@ class Forwarder:
 
         self._connect(host, port).addCallbacks(made, failed)
         return waiter
+
+    def leader_moved(self, now: tuple[str, int] | None) -> int:
+        """Abort every connection to an endpoint other than ``now`` (the new leader's): calls
+        waiting on a stalled old leader fail at once, with the retriable error a lost
+        connection gives, instead of at their timeout (30 s) while a new leader already
+        serves. Returns how many were aborted."""
+        gone = [conn for conn, where in self._live.items() if where != now]
+        for conn in gone:
+            conn.transport.abortConnection()
+        return len(gone)
 
     def close(self) -> None:
         for conn in list(self._pool.values()):

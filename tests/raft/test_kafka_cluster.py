@@ -757,3 +757,39 @@ def test_nodes_hold_only_unapplied_raft_entries_in_memory(cluster: Cluster):
     assert not failed, failed[:3]
     peaks = {i: peak_rss_kb(b.proc.pid) * 1024 / 1e6 for i, b in cluster.live().items()}
     assert max(peaks.values()) < 240, peaks
+
+
+def test_calls_forwarded_to_a_stalled_leader_are_cut_off_once_another_leads(cluster: Cluster):
+    """A SIGSTOPped leader keeps its connections open: a group call a follower relayed to
+    it waited out the 30 s forward timeout though a new leader served after a second or
+    two. The follower now cuts such calls off when the leader changes (a retriable error)."""
+    import os
+    import signal
+
+    Oc = req("offset_commit", 7, "OffsetCommitRequest")
+    Oct = req("offset_commit", 7, "OffsetCommitRequestTopic")
+    Ocp = req("offset_commit", 7, "OffsetCommitRequestPartition")
+    commit = Oc(group_id="stalled", generation_id_or_member_epoch=-1, member_id="",
+                group_instance_id=None, topics=(Oct(name="stalled", partitions=(Ocp(
+                    partition_index=0, committed_offset=1, committed_leader_epoch=-1,
+                    committed_metadata=""),)),))
+    leader = cluster.leader()
+    follower = cluster.follower()
+    pid = cluster.brokers[leader].proc.pid
+    metadata(cluster.kafka_ports[leader], ("stalled",))  # auto-creates it
+    wait_for(lambda: metadata(cluster.kafka_ports[follower], ("stalled",)).topics[0]
+             .error_code == E.none, what="the topic on the follower")
+    with RawClient(cluster.kafka_ports[follower], timeout=40) as raw:
+        first = raw.call(commit)  # opens the follower's relay connection to the leader
+        assert first.topics[0].partitions[0].error_code == E.none
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            answer = raw.call(commit)
+            took = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert answer.topics[0].partitions[0].error_code in (
+        E.none, E.not_coordinator, E.coordinator_not_available), answer
+    assert took < 12, f"the relayed call waited {took:.1f} s"
+    cluster.leader()
