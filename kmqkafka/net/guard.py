@@ -237,7 +237,7 @@ def _entity_step(entity_type: type) -> Step:
         if count > end - pos:
             raise MalformedFrame(f"{count} tagged fields in {end - pos} bytes")
         count_end = pos
-        unknown: list[tuple[int, int]] = []
+        unknown: list[tuple[int, int]] | None = None
         for _ in range(count):
             field_start = pos
             tag, pos = _uvarint(buf, pos, end)
@@ -250,6 +250,8 @@ def _entity_step(entity_type: type) -> Step:
                     step(buf, pos, stop)
                 finally:
                     _in_tagged[0] -= 1
+            elif unknown is None:
+                unknown = [(field_start, stop)]
             else:
                 unknown.append((field_start, stop))
             pos = stop
