@@ -27,6 +27,7 @@ import bisect
 import os
 import shutil
 import struct
+import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,7 @@ class FlushToken:
     """
 
     __slots__ = ("serial", "covers", "fds", "index_jobs", "sync_dir", "directory", "done",
-                 "abandoned", "ranges", "files")
+                 "abandoned", "ranges", "files", "_lock", "_finished", "_close_after")
 
     def __init__(self, serial: int, covers: int, fds: list[int], index_jobs: list, sync_dir: bool,
                  directory: Path) -> None:
@@ -102,12 +103,41 @@ class FlushToken:
         self.ranges: list[tuple[Segment, int, int]] = []  # what it makes durable (page cache)
         # Small files to rewrite (``log-start``, ``config.json``): name -> contents.
         self.files: dict[str, bytes] = {}
+        # A log closed under this token hands it the fds it may still use, to close once it
+        # has finished (``close_when_finished``).
+        self._lock = threading.Lock()
+        self._finished = False
+        self._close_after: list[int] = []
+
+    def uses(self, fd: int) -> bool:
+        """``run`` syncs ``fd`` (a segment's data, or a rolled segment's index part)."""
+        return fd in self.fds or any(fd == f for _seg, parts in self.index_jobs
+                                     for f, _part, _final in parts)
+
+    def close_when_finished(self, fd: int) -> bool:
+        """Close ``fd`` once ``run`` has returned; False (nothing taken) if it has already."""
+        with self._lock:
+            if self._finished:
+                return False
+            self._close_after.append(fd)
+            return True
 
     def run(self) -> None:
         """fdatasync the data, make rolled segments' indexes durable, fsync the directory.
 
-        The channel may be deleted meanwhile (``abandoned``): its fds closed, its directory
-        renamed away. That is nothing to sync, not a failed flush."""
+        The channel may be deleted meanwhile (``abandoned``): its directory renamed away, its
+        fds handed to this token to close when it is done. That is nothing to sync, not a
+        failed flush."""
+        try:
+            self._sync()
+        finally:
+            with self._lock:
+                self._finished = True
+                close, self._close_after = self._close_after, []
+            for fd in close:
+                _close_quietly(fd)
+
+    def _sync(self) -> None:
         try:
             for fd in self.fds:
                 os.fdatasync(fd)
@@ -122,6 +152,13 @@ class FlushToken:
         except OSError:
             if not self.abandoned:
                 raise
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _expired(seg: Segment, cfg: LogConfig, now_ms: int) -> bool:
@@ -882,10 +919,9 @@ class ChannelLog:
     # --- shutdown -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush synchronously and release every fd and mapping (shut-down; blocking).
-
-        Call only when no prepared token is still running on another thread.
-        """
+        """Flush synchronously and release every fd and mapping (shut-down or delete;
+        blocking). A token still running on another thread (a delete under a flush) closes
+        the fds it uses itself, once done."""
         for running in self._tokens:  # a delete may close the log under a running flush
             running.abandoned = True
         token = self.prepare_flush()
@@ -895,22 +931,25 @@ class ChannelLog:
         self._closed = True
         if self.page_cache is not None:
             self.page_cache.forget(self)
-        for token in list(self._tokens):
+        fds = set(self._retired_fds) | set(self._fd_refs)
+        for token in self._tokens:
             for _seg, files in token.index_jobs:
-                for fd, _part, _final in files:
-                    os.close(fd)
-        self._tokens.clear()
+                fds.update(fd for fd, _part, _final in files)
         for seg in self._segments:
             seg.close_reader()
             seg.unmap_indexes()
             if seg.write_fd is not None:
-                os.close(seg.write_fd)
+                fds.add(seg.write_fd)
                 seg.write_fd = None
-        for fd in set(self._retired_fds) | set(self._fd_refs):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        # Each fd is closed once: an fd closed twice may by then number a file another
+        # thread just opened (a delete under a running flush closed the I/O thread's
+        # checkpoint file that way, and the node refused every write). An fd a prepared
+        # token may still sync is closed by the newest such token once it has run.
+        running = list(self._tokens)
+        for fd in fds:
+            if not any(t.uses(fd) and t.close_when_finished(fd) for t in reversed(running)):
+                _close_quietly(fd)
+        self._tokens.clear()
         self._retired_fds.clear()
         self._fd_refs.clear()
         self._dirty_fds.clear()

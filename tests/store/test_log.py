@@ -470,3 +470,28 @@ def test_only_an_unchecked_append_verifies_the_crc(log: ChannelLog,
     passes.clear()
     log.append(z, 0, checked=True)
     assert passes == [] and log.next_sequence == 3
+
+
+def test_closing_under_a_running_flush_closes_each_fd_once_after_the_flush(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topic deleted while its flush runs on the I/O thread: ``close`` closed the active
+    segment's fd twice (as the segment's and as the token's), and the second close could hit
+    a file the I/O thread had just opened under that number (a checkpoint write then failed
+    with EBADF and the node refused every write). The fds the running token syncs are now
+    closed once, by the token, when it is done."""
+    log = ChannelLog.open(tmp_path / "ch", LogConfig(segment_bytes=4096), 0)
+    log.append(make_batch(1, value=b"x" * 3000), 0)
+    log.append(make_batch(1, value=b"y" * 3000), 0)  # rolls: a retired fd and index parts
+    running = log.prepare_flush()
+    assert running is not None
+    closes: list[int] = []
+    real_close = os.close
+    monkeypatch.setattr(os, "close", lambda fd: (closes.append(fd), real_close(fd))[1])
+    log.close()
+    synced = set(running.fds) | {fd for _s, parts in running.index_jobs for fd, _p, _f in parts}
+    assert not synced & set(closes), "closed under the flush still using them"
+    assert len(closes) == len(set(closes))
+    running.abandoned = True
+    running.run()
+    assert synced <= set(closes)
+    assert len(closes) == len(set(closes)), f"closed twice: {closes}"
