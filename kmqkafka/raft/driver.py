@@ -310,10 +310,12 @@ class RaftDriver:
 
     @property
     def leader(self) -> int | None:
-        return self.node.leader
+        """The leader this node knows; None once it failed (it no longer hears of one)."""
+        return self.node.leader if self.failed is None else None
 
     def is_leader(self) -> bool:
-        return self.node.role is Role.LEADER
+        """Leading, and able to: a failed node's core may still say LEADER."""
+        return self.failed is None and self.node.role is Role.LEADER
 
     def wait_applied(self, index: int) -> Deferred:
         """Fire once this node applied through ``index``."""

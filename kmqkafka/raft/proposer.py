@@ -262,6 +262,7 @@ class RaftProposer:
         self._wal_roll = wal_roll_bytes
         self._storage_override = storage
         self._commit = GroupCommit(machine, clock, run_io, eager=False)
+        self._commit.on_failed = self._store_failed
         self._checkpoint_bytes = checkpoint_bytes
         self._checkpoint_interval = checkpoint_interval_s
         self._since_checkpoint = 0
@@ -926,6 +927,13 @@ class RaftProposer:
                               i=i, index=index, e=res)
                 group[i] = Failure(res)
         return group
+
+    def _store_failed(self, failure: Failure) -> None:
+        """A segment or checkpoint fsync failed: the store refuses every write from now on,
+        so this node must neither lead nor vote (it became leader and kept the cluster
+        without writes for minutes); as Kafka halts a broker whose log dir failed."""
+        if self.driver is not None and self.driver.failed is None:
+            self.driver.fail(failure)
 
     def _write_refused(self, index: int, exc: OSError) -> StorageFailure:
         """The disk refused a write while applying entry ``index`` (ENOSPC, EIO): the segment

@@ -50,6 +50,8 @@ class GroupCommit:
         self._idle: list[Deferred] = []
         self.failed = False
         self.flush_count = 0
+        # Told of a failed flush (a Raft member then stops taking part, see RaftProposer).
+        self.on_failed: Callable[[Failure], None] | None = None
 
     def add(self, d: Deferred, result: Any) -> None:
         self._waiting.append((d, result))
@@ -98,6 +100,8 @@ class GroupCommit:
             d.errback(StoreError(f"fsync failed: {failure.getErrorMessage()}"))
         self._waiting = []
         self._notify_idle()
+        if self.on_failed is not None:
+            self.on_failed(failure)
 
     @staticmethod
     def _release(waiting: list[tuple[Deferred, Any]]) -> None:

@@ -180,6 +180,24 @@ def test_forwards_failing_at_once_share_one_retry_timer(tmp_path):
     assert firsts == list(range(1, 21))
 
 
+def test_a_member_whose_store_flush_failed_stops_taking_part(tmp_path):
+    """A failed segment/checkpoint fsync makes the store refuse every write; such a member
+    became leader anyway and held the cluster without writes for minutes. It now stops
+    taking part, and the others go on."""
+    from twisted.python.failure import Failure
+
+    cl = Cluster(tmp_path)
+    leader = cl.wait_leader()
+    broken = leader
+    p = cl.stores[broken].proposer
+    p._commit._flush_failed(Failure(OSError(9, "Bad file descriptor")), [])
+    assert p.driver.failed is not None
+    cl.run(3.0)
+    survivor = cl.wait_leader()
+    assert survivor != broken
+    assert cl.result(cl.stores[survivor].create_channel("kafka.after")) is True
+
+
 def test_leader_crash_elects_a_new_leader_and_the_old_one_catches_up(tmp_path):
     cl = Cluster(tmp_path)
     old = cl.wait_leader()
