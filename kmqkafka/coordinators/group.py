@@ -1087,12 +1087,13 @@ class GroupCoordinator:
             if group is not None and group.protocol_type:
                 if group.state is GroupState.EMPTY:
                     since = group.empty_since_ms
-                elif (group.protocol_type == CONSUMER_PROTOCOL_TYPE
-                      and group.state is GroupState.STABLE
-                      and group.subscribed_topics() is not None):
-                    subscribed = group.subscribed_topics() or set()
                 else:
-                    return []  # in a rebalance, or its subscriptions unknown: keep them all
+                    topics = (group.subscribed_topics()
+                              if group.protocol_type == CONSUMER_PROTOCOL_TYPE
+                              and group.state is GroupState.STABLE else None)
+                    if topics is None:
+                        return []  # in a rebalance, or its subscriptions unknown: keep all
+                    subscribed = topics
         return [tp for tp, c in offsets.items()
                 if tp[0] not in subscribed and c.commit_ms > 0
                 and now_ms - max(since or 0, c.commit_ms) >= retention_ms]
