@@ -86,6 +86,7 @@ class FetchSession:
     partitions: OrderedDict[PartitionKey, CachedPartition] = field(default_factory=OrderedDict)
     last_used: float = 0.0
     in_use: int = 0
+    created: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,12 +143,12 @@ class FetchContext:
 class SessionCache:
     """A bounded cache of fetch sessions with least-recently-used eviction.
 
-    When the cache is full, a new session may evict the least recently used one only if it has
-    been idle for ``evict_after_s``; otherwise the request is served sessionless (session id 0),
-    which every client handles. Kafka's ``FetchSessionCache`` evicts stale sessions alike,
-    and also lets a new session with more partitions evict a smaller one that was not
-    created recently; this cache does not (librdkafka uses no sessions, and 1,000 is far
-    above the Java consumers one node serves).
+    When the cache is full, a new session evicts, as Kafka's ``FetchSessionCache.tryEvict``
+    does, the least recently used one if it has been idle for ``evict_after_s``; failing that,
+    the smallest session created more than ``evict_after_s`` ago, if the new one has more
+    partitions (a consumer of many partitions gains the most from a session). Otherwise the
+    request is served sessionless (session id 0), which every client handles. A session a
+    request is using right now is never evicted.
     """
 
     def __init__(self, capacity: int = 1000, evict_after_s: float = 120.0,
@@ -230,24 +231,33 @@ class SessionCache:
                 now: float) -> FetchSession | None:
         if self.capacity <= 0:
             return None
-        if len(self._sessions) >= self.capacity and not self._evict_one(now):
+        partitions: OrderedDict[PartitionKey, CachedPartition] = OrderedDict(
+            (w.key, CachedPartition(w.fetch_offset, w.max_bytes)) for w in requested)
+        if len(self._sessions) >= self.capacity and not self._evict_one(now, len(partitions)):
             return None
         session_id = self._fresh_id()
         session = FetchSession(session_id, next_epoch(INITIAL_EPOCH), uses_topic_ids,
-                               last_used=now)
-        for w in requested:
-            session.partitions[w.key] = CachedPartition(w.fetch_offset, w.max_bytes)
+                               partitions, last_used=now, created=now)
         self._sessions[session_id] = session
         return session
 
-    def _evict_one(self, now: float) -> bool:
-        """Drop the least recently used session if it is stale and idle (LRU order: if the
-        oldest is not stale, none is)."""
+    def _evict_one(self, now: float, size: int) -> bool:
+        """Make room for a session of ``size`` partitions: drop the least recently used
+        session if it is stale (LRU order: if the oldest is not stale, none is), else the
+        smallest one older than ``evict_after_s`` if it is smaller than ``size``."""
         sid, oldest = next(iter(self._sessions.items()))
         if now - oldest.last_used >= self.evict_after_s and oldest.in_use == 0:
             del self._sessions[sid]
             return True
-        return False
+        settled = [s for s in self._sessions.values()
+                   if s.in_use == 0 and now - s.created >= self.evict_after_s]
+        if not settled:
+            return False
+        smallest = min(settled, key=lambda s: len(s.partitions))
+        if len(smallest.partitions) >= size:
+            return False
+        del self._sessions[smallest.session_id]
+        return True
 
     def _fresh_id(self) -> int:
         while True:

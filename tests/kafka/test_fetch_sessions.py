@@ -145,6 +145,36 @@ def test_full_cache_evicts_only_stale_sessions() -> None:
     assert s3.session_id != 0 and s1.session_id not in c and s2.session_id in c
 
 
+def test_full_cache_lets_a_larger_session_evict_the_smallest_settled_one() -> None:
+    """Kafka's tryEvict: with no stale session, a new session with more partitions evicts
+    the smallest session created more than the eviction time ago; never a younger one, an
+    equal one, or one in use."""
+    c = cache(capacity=3, evict_after_s=10)
+    big = c.new_context(0, INITIAL_EPOCH, want(A0, A1, B0), [], uses_topic_ids=False, now=0)
+    small = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=1)
+    busy = c.new_context(0, INITIAL_EPOCH, want(B0), [], uses_topic_ids=False, now=2)
+    big.done()
+    small.done()
+    # Keep every session fresh (none stale), busy still serving its first request.
+    for t, s in ((8, big), (9, small)):
+        c.new_context(s.session_id, 1, [], [], uses_topic_ids=False, now=t).done()
+    young = c.new_context(0, INITIAL_EPOCH, want(A0, A1), [], uses_topic_ids=False, now=9.5)
+    assert young.session_id == 0 and len(c) == 3  # the small one is not settled yet
+    equal = c.new_context(0, INITIAL_EPOCH, want(A1), [], uses_topic_ids=False, now=12)
+    assert equal.session_id == 0 and len(c) == 3  # one partition does not beat one
+    larger = c.new_context(0, INITIAL_EPOCH, want(A0, A1), [], uses_topic_ids=False, now=12)
+    assert larger.session_id != 0
+    assert small.session_id not in c
+    assert {big.session_id, busy.session_id, larger.session_id} <= set(
+        s.session_id for s in c.sessions())
+    larger.done()
+    again = c.new_context(0, INITIAL_EPOCH, want(A0, A1, B0, ("c", 3)), [],
+                          uses_topic_ids=False, now=13)
+    # busy is the smallest but in use, larger is young: big goes.
+    assert again.session_id != 0
+    assert big.session_id not in c and busy.session_id in c and larger.session_id in c
+
+
 def test_using_a_session_protects_it_from_eviction() -> None:
     c = cache(capacity=1, evict_after_s=10)
     s1 = c.new_context(0, INITIAL_EPOCH, want(A0), [], uses_topic_ids=False, now=0)
