@@ -115,8 +115,22 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
     d.addCallback(lambda created: (name, created, None, None))
     # A concurrent create of the same name is not an error for Metadata.
     d.addErrback(lambda f: (name, topics.get(name), None, None) if topics.get(name) is not None
-                 else (name, None, f.value, None))
+                 else (name, None, _create_failure(f.value), None))
     return d
+
+
+_CREATE_PENDING = frozenset({
+    ErrorCode.request_timed_out, ErrorCode.not_leader_or_follower, ErrorCode.not_controller,
+})
+
+
+def _create_failure(exc: BaseException) -> BaseException:
+    """What Metadata says of an auto-create that did not complete: a create that timed out
+    or lost its leader may still land, which Kafka reports as LEADER_NOT_AVAILABLE (the topic
+    is being created; clients retry), never as a request-level timeout for one topic."""
+    if error_code_for(exc) in _CREATE_PENDING:
+        return KafkaError(ErrorCode.leader_not_available, "the topic is being created")
+    return exc
 
 
 def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None,

@@ -223,3 +223,27 @@ def test_auto_create_on_a_lagging_follower_does_not_replace_a_created_topic(tmp_
             assert topic_seen_by(c.kafka_ports[i], "two") == created, f"node {i}"
     finally:
         c.close()
+
+
+@pytest.mark.timeout(90)
+def test_auto_create_that_cannot_reach_a_leader_is_leader_not_available(tmp_path):
+    """Kafka answers a topic it is still creating with LEADER_NOT_AVAILABLE (retriable):
+    an isolated node's auto-create cannot commit, and its Metadata says so per topic rather
+    than as a request timeout or a not-leader error for the topic."""
+    c = ProxiedCluster(tmp_path)
+    try:
+        leader = c.wait_leader()
+        alone = next(i for i in c.ids if i != leader)
+        c.isolate(alone)
+        started = time.monotonic()
+        code, count, _ = topic_seen_by(c.kafka_ports[alone], "never.made", auto_create=True)
+        assert code == E.leader_not_available, E(code)
+        assert count == 0
+        assert time.monotonic() - started < 60
+        # The majority never saw it, and after the heal the topic can still be made.
+        assert topic_seen_by(c.kafka_ports[leader], "never.made")[0] == E.unknown_topic_or_partition
+        c.heal()
+        wait_for(lambda: topic_seen_by(c.kafka_ports[alone], "never.made",
+                                       auto_create=True)[0] == E.none, timeout=30)
+    finally:
+        c.close()
