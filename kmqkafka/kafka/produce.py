@@ -48,7 +48,7 @@ from twisted.python.failure import Failure
 
 from kmqkafka import records
 from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher
-from kmqkafka.kafka import decoding, identity
+from kmqkafka.kafka import decoding, identity, produce_response
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import (INTERNAL_TOPICS, TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog,
@@ -593,5 +593,7 @@ def _partition_response(part_cls: type, error_cls: type | None, a: _Answer) -> A
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register Produce v3..v13 (clipped to what kio provides)."""
+    """Register Produce v3..v13 (clipped to what kio provides), answered through the
+    hand-written response encoder."""
+    produce_response.install()
     dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION)

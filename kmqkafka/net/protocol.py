@@ -30,9 +30,6 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
-from kio.static.primitive import i32
-from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
-from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
@@ -45,7 +42,7 @@ from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
 from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
-from kmqkafka.net import recvinto, shared
+from kmqkafka.net import fast_bodies, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
@@ -56,7 +53,7 @@ IDLE_ABORT_S = 5.0  # an idle connection still open this long after its close is
 _COMPACT_AT = 256 * 1024
 _PREFIX = struct.Struct(">i")
 _HEAD = struct.Struct(">hhi")
-_RESPONSE_HEADERS = {0: ResponseHeaderV0, 1: ResponseHeaderV1}
+_HEADER_TAGS = {0: b"", 1: b"\x00"}
 
 
 def _peer_text(address: IAddress | None) -> str:
@@ -396,12 +393,15 @@ class KafkaProtocol(Protocol):
     def _encode(correlation_id: int, response: Any, header_version: int) -> list[Any]:
         """The framed response as pieces (bytes, bytearray, memoryview); large values
         (stored batches) stay uncopied until ``_write``."""
-        header_type = _RESPONSE_HEADERS[header_version]
-        out = ChunkWriter()
-        entity_writer(header_type)(out, header_type(correlation_id=i32(correlation_id)))
-        encoded = shared.encoded(response, _encode_body)
+        # Response header v0 is the correlation id; v1 adds an empty tagged-field section.
+        head = _PREFIX.pack(correlation_id) + _HEADER_TAGS[header_version]
+        encoded = fast_bodies.body(response)
+        if encoded is None:
+            encoded = shared.encoded(response, _encode_body)
         if encoded is not None:
-            return [_PREFIX.pack(out.size + len(encoded)), *out.parts(), encoded]
+            return [_PREFIX.pack(len(head) + len(encoded)) + head, encoded]
+        out = ChunkWriter()
+        out.write(head)
         entity_writer(type(response))(out, response)
         return [_PREFIX.pack(out.size), *out.parts()]
 
