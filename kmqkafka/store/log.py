@@ -165,9 +165,14 @@ def _expired(seg: Segment, cfg: LogConfig, now_ms: int) -> bool:
     """Whether ``seg``'s newest record is older than ``retention.ms``. A segment with data but
     no timestamp (batches stored with a max timestamp of -1 before produce recomputed it) is
     never expired by time: it cannot be dated alike on every node, and guessing 1970 deleted
-    acknowledged records at the next retention run."""
-    return (cfg.retention_ms is not None and seg.max_timestamp >= 0
-            and now_ms - seg.max_timestamp > cfg.retention_ms)
+    acknowledged records at the next retention run. A closed segment the cleaner emptied has
+    nothing left to date and expires at once (Kafka dates it by its file's mtime): kept, it
+    stopped time retention of every segment behind it on a ``compact,delete`` topic."""
+    if cfg.retention_ms is None:
+        return False
+    if seg.size == 0 and seg.write_fd is None:
+        return True
+    return seg.max_timestamp >= 0 and now_ms - seg.max_timestamp > cfg.retention_ms
 
 
 def _waited_for_roll(active: Segment, batch_max_ts: int, now_ms: int) -> int:

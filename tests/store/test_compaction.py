@@ -335,3 +335,23 @@ def test_one_compaction_plan_at_a_time(tmp_path: Path) -> None:
     for source in first.sources:  # the abandoned plan's fds
         os.close(source.fd)
     log.close()
+
+
+def test_time_retention_goes_on_past_segments_the_cleaner_emptied(tmp_path: Path) -> None:
+    """compact,delete: segments emptied by compaction (every key superseded later) expire
+    like any other, so time retention keeps dropping the segments behind them."""
+    cfg = COMPACT.with_changes(cleanup_policy="compact,delete", retention_ms=4_000)
+    log = ChannelLog.open(tmp_path, cfg, 0)
+    for i in range(12):
+        log.append(make_batch(1, key=b"same", value=b"p" * 60, ts=1_000 + i), 1_000 + i)
+    log.roll()
+    flush(log)
+    _compact(log, 2_000)
+    assert [s for s, _, _ in _kv(log)] == [12]
+    assert log.segment_count > 2  # emptied segments before the one keeping offset 12
+    assert log.enforce_retention(100_000) > 0
+    assert (log.log_start, log.next_sequence) == (13, 13)
+    assert _kv(log) == []
+    log = reopen(log)
+    assert (log.log_start, log.next_sequence) == (13, 13)
+    log.close()
