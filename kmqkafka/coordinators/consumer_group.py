@@ -801,8 +801,8 @@ class ConsumerGroupCoordinator:
                         api_version: int = 9) -> ErrorCode:
         """OffsetCommit checks for a consumer group (``generation_id_or_member_epoch``)."""
         group = self.groups[group_id]
-        if member_epoch < 0 and not group.members and not member_id:
-            return ErrorCode.none  # an admin or manual commit to an empty group
+        if member_epoch < 0 and not group.members:
+            return ErrorCode.none  # an admin or manual commit to an empty group, any member id
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
@@ -823,11 +823,9 @@ class ConsumerGroupCoordinator:
 
     def _epoch_error(self, group: ConsumerGroup, member: ConsumerMember, member_epoch: int
                      ) -> ErrorCode:
-        if member_epoch > member.epoch:
-            return ErrorCode.fenced_member_epoch
-        if member_epoch < member.epoch:
-            return ErrorCode.stale_member_epoch
-        return ErrorCode.none
+        """Kafka's ``validateMemberEpoch``: any other epoch than the member's is stale (the
+        client refreshes it and retries); FENCED_MEMBER_EPOCH belongs to heartbeats."""
+        return ErrorCode.none if member_epoch == member.epoch else ErrorCode.stale_member_epoch
 
     # --- administration -----------------------------------------------------------------
 

@@ -460,7 +460,8 @@ def test_offset_commit_and_fetch_checks() -> None:
     a = h.client("a")
     a.heartbeat()
     assert h.c.validate_commit("g", "a", 1) is E.none
-    assert h.c.validate_commit("g", "a", 2) is E.fenced_member_epoch
+    assert h.c.validate_commit("g", "a", 2) is E.stale_member_epoch  # any mismatch, as Kafka
+    assert h.c.validate_fetch("g", "a", 2) is E.stale_member_epoch
     assert h.c.validate_commit("g", "a", 0) is E.stale_member_epoch
     assert h.c.validate_commit("g", "zz", 1) is E.unknown_member_id
     assert h.c.validate_commit("g", "a", 1, api_version=8) is E.unsupported_version
@@ -469,6 +470,7 @@ def test_offset_commit_and_fetch_checks() -> None:
     assert h.c.validate_fetch("g", "a", 0) is E.stale_member_epoch
     a.leave()
     assert h.c.validate_commit("g", "", -1) is E.none
+    assert h.c.validate_commit("g", "someone", -1) is E.none  # empty group: any member id
 
 
 def test_offset_expiry_keeps_subscribed_topics_and_removes_an_empty_group() -> None:
