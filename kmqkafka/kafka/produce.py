@@ -205,7 +205,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     short_isr = _short_isr(ctx, topic) if durable else None
     # The broker's clock, once per request, only for LogAppendTime and timestamp bounds.
     now_ms = int(broker.reactor.seconds() * 1000) if log_append or rules is not None else -1
-    metric = broker.metrics.kafka_bytes_in
+    metric = broker.metrics.bytes_in(topic.name)
     order, slots = _decoding_state(broker)
     out: list[Deferred] = []
     for p in partitions:
@@ -227,7 +227,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                 return succeed(_refused(blob, index, channel, store))
             data = _log_append_time(blob, now_ms) if log_append else blob
             d = store.append_batch(channel, data, durable=durable, checked=True)  # by _check
-            metric.labels(topic.name).inc(len(blob))
+            metric.inc(len(blob))
             d.addCallbacks(_appended, _append_failed,
                            callbackArgs=(index, channel, store, now_ms if log_append else -1),
                            errbackArgs=(index, channel))

@@ -341,12 +341,10 @@ class KafkaProtocol(Protocol):
                 result,
                 slot.ctx.response_type.__header_schema__.__version__,
             )
-        metrics = self.factory.metrics
-        labels = (api_name(slot.ctx.api_key), str(slot.ctx.api_version))
-        metrics.kafka_requests.labels(*labels).inc()
-        metrics.kafka_request_latency.labels(*labels).observe(
-            max(0.0, self.factory.reactor.seconds() - slot.started)
-        )
+        count, latency = self.factory.metrics.request_series(api_name(slot.ctx.api_key),
+                                                             str(slot.ctx.api_version))
+        count.inc()
+        latency.observe(max(0.0, self.factory.reactor.seconds() - slot.started))
         if not self._closing:
             self._flush()
         if self._fetches < MAX_FETCHES_IN_FLIGHT:
