@@ -110,7 +110,7 @@ def handle(request: Any, ctx: RequestContext) -> Any:
         else:
             d = _produce_topic(ctx, topics, topic_key, td.partition_data, acks, uses_ids)
         per_topic.append((topic_key, d))
-    d = gatherResults([d for _k, d in per_topic], consumeErrors=True)
+    d = _gather([d for _k, d in per_topic])
     if acks == 0:
         # No answer to carry an error: Kafka closes the connection instead, so the client
         # notices (and refreshes its metadata) rather than losing records silently.
@@ -250,7 +250,16 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             out.append(order.run(channel, succeed(blob), append))
         else:
             out.append(append(blob))
-    return gatherResults(out, consumeErrors=True)
+    return _gather(out)
+
+
+def _gather(results: list[Deferred]) -> Deferred:
+    """``gatherResults`` of Deferreds that never fail; a lone one is only wrapped in a list
+    (most requests carry one topic and one partition, and a DeferredList costs more than
+    the rest of the answer)."""
+    if len(results) == 1:
+        return results[0].addCallback(lambda r: [r])
+    return gatherResults(results, consumeErrors=True)
 
 
 def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
