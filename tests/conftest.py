@@ -73,11 +73,21 @@ def on_tmpfs(path: Path) -> bool:
     return kind == "tmpfs"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, read it, close), and
+    not one this process handed out before: the kernel may offer a just-closed port again,
+    and two nodes of one test were once given the same TLS port."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no fresh free port in 100 tries")
 
 
 def base_env() -> dict[str, str]:

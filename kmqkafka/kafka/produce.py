@@ -236,8 +236,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         try:
             header = _check(blob, limit, version, segment_bytes)
             blob = _client_timestamp_type(blob, header, log_append)
-            if (header.compression != records.COMPRESSION_NONE
-                    and _decodes(header, log_append, rules, now_ms)):
+            if header.compression != records.COMPRESSION_NONE:
                 ready = decoding.off_reactor(broker.reactor, slots, _decoded, blob, header,
                                              log_append, rules, now_ms, name, broker.reactor)
                 out.append(order.run(channel, ready, append))
@@ -266,7 +265,15 @@ def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
              rules: "_RecordRules | None", now_ms: int, name: str, clock: Any) -> bytes:
     """The checks that may decode the records of ``blob`` (header ``header``), and the batch
     to store; raises ``KafkaError`` for a refusal. Runs on a thread for a compressed batch
-    (``decoding``), so it touches nothing shared."""
+    (``decoding``), so it touches nothing shared: every compressed batch is decompressed and
+    its records counted there (``records.check_records``), as Kafka's LogValidator does,
+    because a batch stored with a payload that does not decompress stopped every consumer of
+    its partition at that offset."""
+    if header.compression != records.COMPRESSION_NONE:
+        try:
+            records.check_records(blob, header)
+        except records.InvalidBatch as exc:
+            raise KafkaError(ErrorCode.corrupt_message, str(exc)) from None
     if not log_append:
         blob = _with_max_timestamp(blob, header, clock)
     if rules is not None:
@@ -275,13 +282,6 @@ def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
             blob = _set_max_timestamp(blob, newest, clock,
                                       records.read_header(blob).max_timestamp)
     return blob
-
-
-def _decodes(header: records.BatchHeader, log_append: bool, rules: "_RecordRules | None",
-             now_ms: int) -> bool:
-    """``_decoded`` will decode the records of a batch with this header."""
-    return ((not log_append and _max_timestamp_wrong(header))
-            or (rules is not None and rules.decodes(header, now_ms)))
 
 
 def _refused(failure: Failure, index: int, channel: str, store: Any) -> _Answer:
