@@ -27,7 +27,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import fetch_response, identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.errors import error_code_for
 from kmqkafka.kafka.fetch_sessions import FetchContext, SessionCache, Wanted
@@ -356,5 +356,7 @@ def _records_value(batches: list[memoryview]) -> bytes | memoryview | RecordChai
 
 
 def register(dispatcher: Dispatcher) -> None:
-    """Register Fetch v4..v18 (clipped to what kio provides)."""
+    """Register Fetch v4..v18 (clipped to what kio provides), answered through the
+    hand-written response encoder."""
+    fetch_response.install()
     dispatcher.register(API_KEY, handle, MIN_VERSION, MAX_VERSION, wait_only=True)

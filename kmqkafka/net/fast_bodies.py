@@ -4,14 +4,16 @@ kio encodes a response field by field through generic writers: about 20 µs for 
 Produce answer, a sixth of what the broker spent on the whole request (bench/README.md). An API
 whose answers are that frequent registers an encoder for its response classes here (``register``);
 the protocol asks ``body`` first and falls back to kio when there is no encoder or the encoder
-declines (returns None) a response it does not cover. Encoders must give exactly kio's bytes;
-each one's test compares the two over generated responses of every version.
+declines (returns None) a response it does not cover. An encoder returns the body as ``bytes``
+or as a list of pieces (large values such as stored batches left uncopied). Encoders must
+give exactly kio's bytes; each one's test compares the two over generated responses of
+every version.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-Encoder = Callable[[Any], "bytes | None"]
+Encoder = Callable[[Any], "bytes | list[Any] | None"]
 
 _encoders: dict[type, Encoder] = {}
 
@@ -21,7 +23,7 @@ def register(response_type: type, encoder: Encoder) -> None:
     _encoders[response_type] = encoder
 
 
-def body(response: Any) -> bytes | None:
+def body(response: Any) -> bytes | list[Any] | None:
     """The encoded body of ``response``, or None when kio must encode it."""
     encoder = _encoders.get(type(response))
     return None if encoder is None else encoder(response)

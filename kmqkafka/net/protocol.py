@@ -394,6 +394,9 @@ class KafkaProtocol(Protocol):
         # Response header v0 is the correlation id; v1 adds an empty tagged-field section.
         head = _PREFIX.pack(correlation_id) + _HEADER_TAGS[header_version]
         encoded = fast_bodies.body(response)
+        if type(encoded) is list:
+            size = len(head) + sum(len(p) for p in encoded)
+            return [_PREFIX.pack(size) + head, *encoded]
         if encoded is None:
             encoded = shared.encoded(response, _encode_body)
         if encoded is not None:
