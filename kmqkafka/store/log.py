@@ -605,15 +605,11 @@ class ChannelLog:
         page-cache budget, the cold data the reader has passed is dropped first: behind
         ``pos``, and all of the previous segment once a read starts at this one's head."""
         budget = self.page_cache
-        if budget is None:
-            return seg.pread(n, pos)
-        budget.after_read(seg, pos)
-        if pos == 0 and index > 0:
-            budget.passed(self._segments[index - 1])
-        data = seg.pread(n, pos)
-        following = self._segments[index + 1] if index + 1 < len(self._segments) else None
-        budget.read_ahead(seg, pos + len(data), following)
-        return data
+        if budget is not None:
+            budget.after_read(seg, pos)
+            if pos == 0 and index > 0:
+                budget.passed(self._segments[index - 1])
+        return seg.pread(n, pos)
 
     # --- read --------------------------------------------------------------------------
 

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from kmqkafka.store.segment import Segment
 
 _DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", None)
-_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
 _PAGE = mmap.PAGESIZE
 _OVERLAP = 2 << 20  # the largest folio the page cache uses (a PMD: 2 MiB on x86-64)
 
@@ -53,10 +52,6 @@ DEFAULT_LIMIT = 64 << 20
 REREAD_MARGIN = 4 << 20
 TRAIL = 32 << 20
 CHUNK = 1 << 20  # largest merged range (or a 16th of the limit): see PageCacheBudget._ranges
-# A cold read asks the kernel to start reading the next AHEAD bytes (posix_fadvise WILLNEED):
-# the consumer's next fetch then finds them cached instead of waiting for the disk on the
-# reactor thread (a consumer of cold 100 B records stalled there a quarter of its time).
-AHEAD = 8 << 20
 
 
 def drop(seg: "Segment", start: int, end: int) -> None:
@@ -102,13 +97,6 @@ def _drop_path(path: "str | Path", start: int, length: int) -> None:
         _advise(fd, start, length)
     finally:
         os.close(fd)
-
-
-def _will_need(seg: "Segment", start: int, end: int) -> None:
-    try:
-        os.posix_fadvise(seg.reader(), start, end - start, _WILLNEED)
-    except OSError:
-        pass  # advice only
 
 
 def _advise(fd: int, start: int, length: int) -> None:
@@ -183,23 +171,6 @@ class PageCacheBudget:
     def passed(self, seg: "Segment") -> None:
         """A reader moved on from ``seg`` to the next segment: drop its cold tail."""
         self.after_read(seg, seg.size + self.margin)
-
-    def read_ahead(self, seg: "Segment", end: int, following: "Segment | None") -> None:
-        """A read of ``seg`` ended at ``end``: start reading the cold data after it (into
-        ``following``, the next segment, when ``seg`` ends first)."""
-        if _WILLNEED is None:
-            return
-        left = AHEAD
-        if end < seg.cold_below:
-            stop = min(end + AHEAD, seg.cold_below)
-            _will_need(seg, end, stop)
-            left -= stop - end
-            if stop < seg.size:
-                return  # the advice is used up, or cached data follows
-        elif end < seg.size:
-            return  # cached data follows
-        if following is not None and left > 0 and following.cold_below > 0:
-            _will_need(following, 0, min(left, following.cold_below))
 
     def after_read(self, seg: "Segment", pos: int) -> None:
         """A read from ``pos`` of ``seg``: drop the cold data (below ``seg.cold_below``) that

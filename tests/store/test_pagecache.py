@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -230,32 +229,5 @@ def test_a_flush_larger_than_the_limit_keeps_its_newest_limit_bytes(disk_dir: Pa
         assert budget.held == 64 * KIB
         assert resident(seg, 0, size - 128 * KIB) == 0  # (a folio may straddle the cut)
         assert resident(seg, size - 64 * KIB + PAGE, size) >= 64 * KIB - 3 * PAGE
-    finally:
-        log.close()
-
-
-def test_a_cold_read_starts_reading_what_follows(disk_dir: Path) -> None:
-    """A consumer of dropped data finds its next fetch already on its way into the page
-    cache (posix_fadvise WILLNEED), up to the next segment's head, instead of waiting for the
-    disk on the reactor at every fetch."""
-    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0)
-    fill(log, 40)  # ~2.4 MiB: three segments
-    log.close()
-    for path in segments(log):
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    budget = PageCacheBudget(1 << 30, trail=512 * KIB, margin=64 * KIB)
-    log = ChannelLog.open(disk_dir / "ch", CONFIG, 0, page_cache=budget)
-    try:
-        first, second = segments(log)[:2]
-        assert resident(first) < 256 * KIB
-        log.read(log.log_start, 64 * KIB)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and (
-                resident(first) < first.stat().st_size - PAGE or resident(second) < 256 * KIB):
-            time.sleep(0.05)
-        assert resident(first) >= first.stat().st_size - PAGE
-        assert resident(second) >= 256 * KIB  # the read reached the end of the first
     finally:
         log.close()
