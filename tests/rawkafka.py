@@ -12,7 +12,10 @@ import struct
 from typing import Any
 
 from kio.index import load_response_schema
+from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
 
 
 class RawClient:
@@ -62,3 +65,13 @@ class RawClient:
                 raise ConnectionError("connection closed")
             out += chunk
         return bytes(out)
+
+
+def kio_response_frame(correlation_id: int, response: Any, header_version: int) -> bytes:
+    """A whole response frame (length, header, body) as kio encodes it: the reference the
+    hand-written encoders are held to."""
+    header_type = {0: ResponseHeaderV0, 1: ResponseHeaderV1}[header_version]
+    buf = io.BytesIO()
+    entity_writer(header_type)(buf, header_type(correlation_id=i32(correlation_id)))
+    entity_writer(type(response))(buf, response)
+    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()

@@ -22,6 +22,7 @@ from typing import Any
 from kio.index import load_response_schema
 
 from kmqkafka.net import fast_bodies
+from kmqkafka.net.fast_bodies import NO_TAGS, ZERO_UUID, uvarint
 from kmqkafka.net.chunks import RecordChain
 
 API_KEY = 1
@@ -35,17 +36,7 @@ _PART = struct.Struct(">ihqq")          # index, error code, high watermark, las
 _PART_V5 = struct.Struct(">ihqqq")      # ... and log start offset
 _ABORTED = struct.Struct(">qq")
 _SMALL = 16 * 1024  # smaller records values are joined with the fields around them
-_NO_TAGS = b"\x00"
-_ZERO_ID = bytes(16)
 
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 class _Encoder:
@@ -62,7 +53,7 @@ class _Encoder:
                              module.SnapshotId(end_offset=-1, epoch=-1))
 
     def _count(self, n: int) -> bytes:
-        return _uvarint(n + 1) if self.flexible else _I32.pack(n)
+        return uvarint(n + 1) if self.flexible else _I32.pack(n)
 
     def __call__(self, response: Any) -> list[Any] | None:
         v = self.version
@@ -78,12 +69,12 @@ class _Encoder:
         out: list[Any] = []
         for topic in response.responses:
             if v >= 13:
-                pending.append(_ZERO_ID if topic.topic_id is None else topic.topic_id.bytes)
+                pending.append(ZERO_UUID if topic.topic_id is None else topic.topic_id.bytes)
             else:
                 name = topic.topic.encode()
                 if len(name) > 0x7FFF:
                     raise ValueError("string longer than 32767 bytes")
-                pending.append(_uvarint(len(name) + 1) + name if flexible
+                pending.append(uvarint(len(name) + 1) + name if flexible
                                else _I16.pack(len(name)) + name)
             pending.append(self._count(len(topic.partitions)))
             for p in topic.partitions:
@@ -105,7 +96,7 @@ class _Encoder:
                     for a in aborted:
                         pending.append(_ABORTED.pack(a.producer_id, a.first_offset))
                         if flexible:
-                            pending.append(_NO_TAGS)
+                            pending.append(NO_TAGS)
                 if v >= 11:
                     pending.append(_I32.pack(p.preferred_read_replica))
                 records = p.records
@@ -113,7 +104,7 @@ class _Encoder:
                     pending.append(b"\x00" if flexible else _I32.pack(-1))
                 else:
                     size = len(records)
-                    pending.append(_uvarint(size + 1) if flexible else _I32.pack(size))
+                    pending.append(uvarint(size + 1) if flexible else _I32.pack(size))
                     if size < _SMALL:
                         pending.append(bytes(records) if type(records) is not bytes
                                        else records)
@@ -125,11 +116,11 @@ class _Encoder:
                         else:
                             out.append(records)
                 if flexible:
-                    pending.append(_NO_TAGS)
+                    pending.append(NO_TAGS)
             if flexible:
-                pending.append(_NO_TAGS)
+                pending.append(NO_TAGS)
         if flexible:
-            pending.append(_NO_TAGS)
+            pending.append(NO_TAGS)
         out.append(b"".join(pending))
         return out
 

@@ -17,6 +17,7 @@ from typing import Any
 from kio.index import load_response_schema
 
 from kmqkafka.net import fast_bodies
+from kmqkafka.net.fast_bodies import NO_TAGS, ZERO_UUID, uvarint
 
 API_KEY = 0
 FIRST_VERSION = 3
@@ -27,17 +28,7 @@ _I32 = struct.Struct(">i")
 _PARTITION = struct.Struct(">ihqq")       # index, error code, base offset, log append time
 _PARTITION_V5 = struct.Struct(">ihqqq")   # ... and log start offset
 _NULL_STRING = _I16.pack(-1)
-_NO_TAGS = b"\x00"
-_ZERO_ID = bytes(16)
 
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _ms(value: Any) -> int:
@@ -57,7 +48,7 @@ class _Encoder:
         self.no_leader = None if leader_cls is None else leader_cls(leader_id=-1, leader_epoch=-1)
 
     def _count(self, n: int) -> bytes:
-        return _uvarint(n + 1) if self.flexible else _I32.pack(n)
+        return uvarint(n + 1) if self.flexible else _I32.pack(n)
 
     def _string(self, value: str | None) -> bytes:
         if value is None:
@@ -65,7 +56,7 @@ class _Encoder:
         data = value.encode()
         if len(data) > 0x7FFF:
             raise ValueError("string longer than 32767 bytes")
-        return (_uvarint(len(data) + 1) if self.flexible else _I16.pack(len(data))) + data
+        return (uvarint(len(data) + 1) if self.flexible else _I16.pack(len(data))) + data
 
     def __call__(self, response: Any) -> bytes | None:
         v = self.version
@@ -74,7 +65,7 @@ class _Encoder:
         out = [self._count(len(response.responses))]
         for topic in response.responses:
             if self.by_id:
-                out.append(_ZERO_ID if topic.topic_id is None else topic.topic_id.bytes)
+                out.append(ZERO_UUID if topic.topic_id is None else topic.topic_id.bytes)
             else:
                 out.append(self._string(topic.name))
             parts = topic.partition_responses
@@ -94,15 +85,15 @@ class _Encoder:
                         out.append(_I32.pack(e.batch_index))
                         out.append(self._string(e.batch_index_error_message))
                         if self.flexible:
-                            out.append(_NO_TAGS)
+                            out.append(NO_TAGS)
                     out.append(self._string(p.error_message))
                 if self.flexible:
-                    out.append(_NO_TAGS)
+                    out.append(NO_TAGS)
             if self.flexible:
-                out.append(_NO_TAGS)
+                out.append(NO_TAGS)
         out.append(_I32.pack(round(response.throttle_time.total_seconds() * 1000)))
         if self.flexible:
-            out.append(_NO_TAGS)
+            out.append(NO_TAGS)
         return b"".join(out)
 
 

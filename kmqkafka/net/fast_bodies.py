@@ -17,6 +17,19 @@ Encoder = Callable[[Any], "bytes | list[Any] | None"]
 
 _encoders: dict[type, Encoder] = {}
 
+NO_TAGS = b"\x00"  # an empty tagged-field section (flexible versions)
+ZERO_UUID = bytes(16)
+
+
+def uvarint(n: int) -> bytes:
+    """``n`` (>= 0) as an unsigned varint: compact lengths and counts, n + 1 for nullable."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
 
 def register(response_type: type, encoder: Encoder) -> None:
     """Use ``encoder`` for the body of every ``response_type`` instance."""

@@ -24,22 +24,6 @@ from tests.rawkafka import RawClient
 TOPIC = "corrupt"
 
 
-def _varint(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _record(i: int, value: bytes) -> bytes:
-    body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(value)) + value \
-        + _varint(0)
-    return _varint(len(body)) + body
-
-
 def _batch(codec: int, payload: bytes, count: int) -> bytes:
     """A batch of ``count`` records whose records section is ``payload``, with a right CRC."""
     now = int(time.time() * 1000)
@@ -59,7 +43,9 @@ def _produce(raw: RawClient, batch: bytes) -> tuple[int, int]:
     return p.error_code, p.base_offset
 
 
-THREE = b"".join(_record(i, b"v%d" % i) for i in range(3))
+# The records section of three uncompressed records (after the 61-byte batch header).
+THREE = records.build_batch([records.NewRecord(value=b"v%d" % i) for i in range(3)],
+                            now_ms=int(time.time() * 1000))[records.HEADER_SIZE:]
 CASES = {
     "gzip that does not inflate": (1, b"\x1f\x8b\x08\x00not-deflate-at-all" * 3, 3),
     "gzip cut short": (1, gzip.compress(THREE)[:-10], 3),

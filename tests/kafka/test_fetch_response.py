@@ -3,23 +3,19 @@ leaves stored batches uncopied."""
 from __future__ import annotations
 
 import datetime
-import io
 import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
-from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
-from kio.serial import entity_writer
-from kio.static.primitive import i32
 
 from kmqkafka.kafka import fetch_response
 from kmqkafka.kafka.wire import make
 from kmqkafka.net import fast_bodies
 from kmqkafka.net.chunks import RecordChain
 from kmqkafka.net.protocol import KafkaProtocol
+from tests.rawkafka import kio_response_frame
 
 fetch_response.install()
 
@@ -80,14 +76,6 @@ def build(version: int, data: list, throttle_ms: int, session_id: int, endpoints
                 **extra)
 
 
-def kio_bytes(correlation_id: int, response: object, header_version: int) -> bytes:
-    header_type = {0: ResponseHeaderV0, 1: ResponseHeaderV1}[header_version]
-    buf = io.BytesIO()
-    entity_writer(header_type)(buf, header_type(correlation_id=i32(correlation_id)))
-    entity_writer(type(response))(buf, response)
-    return len(buf.getvalue()).to_bytes(4, "big") + buf.getvalue()
-
-
 @settings(max_examples=60, deadline=None)
 @given(data=topics, throttle_ms=st.integers(0, 2**31 - 1),
        session_id=st.integers(0, 2**31 - 1), endpoints=st.booleans(),
@@ -101,7 +89,7 @@ def test_every_version_encodes_as_kio_does(data, throttle_ms, session_id, endpoi
             header_version)
         reference = build(version, data, throttle_ms, session_id, endpoints, False)
         assert b"".join(bytes(p) for p in ours) == \
-            kio_bytes(correlation_id, reference, header_version), version
+            kio_response_frame(correlation_id, reference, header_version), version
 
 
 def test_stored_batches_stay_uncopied() -> None:

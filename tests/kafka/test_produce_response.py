@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime
-import io
 import sys
 import uuid
 
@@ -10,15 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.schema.response_header.v0.header import ResponseHeader as ResponseHeaderV0
-from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
-from kio.serial import entity_writer
-from kio.static.primitive import i32
 
 from kmqkafka.kafka import produce_response
 from kmqkafka.kafka.wire import make
 from kmqkafka.net import fast_bodies
 from kmqkafka.net.protocol import KafkaProtocol
+from tests.rawkafka import kio_response_frame
 
 produce_response.install()
 
@@ -71,14 +67,6 @@ def build(version: int, data: list, throttle_ms: int, nodes: list) -> object:
               **extra)
 
 
-def kio_bytes(correlation_id: int, response: object, header_version: int) -> bytes:
-    header_type = {0: ResponseHeaderV0, 1: ResponseHeaderV1}[header_version]
-    buf = io.BytesIO()
-    entity_writer(header_type)(buf, header_type(correlation_id=i32(correlation_id)))
-    entity_writer(type(response))(buf, response)
-    return len(buf.getvalue()).to_bytes(4, "big") + buf.getvalue()
-
-
 @settings(max_examples=60, deadline=None)
 @given(data=topics, throttle_ms=st.integers(0, 2**31 - 1), nodes=endpoints,
        correlation_id=st.integers(-2**31, 2**31 - 1))
@@ -88,7 +76,7 @@ def test_every_version_encodes_as_kio_does(data, throttle_ms, nodes, correlation
         header_version = 1 if version >= 9 else 0
         ours = b"".join(bytes(p) for p in KafkaProtocol._encode(correlation_id, response,
                                                                  header_version))
-        assert ours == kio_bytes(correlation_id, response, header_version), version
+        assert ours == kio_response_frame(correlation_id, response, header_version), version
 
 
 def test_the_common_answer_takes_the_hand_written_path() -> None:

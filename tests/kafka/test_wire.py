@@ -27,6 +27,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
 
+from kmqkafka.net.fast_bodies import uvarint
 from kmqkafka.dispatch import NO_RESPONSE, Dispatcher
 from kmqkafka.kafka import api_versions
 from kmqkafka.metrics import Metrics
@@ -345,15 +346,6 @@ def test_truncated_body_closes(broker: BrokerProcess) -> None:
     roundtrip_ok(broker.kafka_port)
 
 
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _header_v2(api_key: int, version: int) -> bytes:
     return struct.pack(">hhih", api_key, version, 7, 4) + b"fuzz" + b"\x00"
 
@@ -362,13 +354,13 @@ HUGE = 2**32 - 2
 # Tiny frames whose array, string or tag counts claim billions of elements: kio's native
 # reader reserves capacity from such a count, and the failed allocation aborted the process.
 HOSTILE_COUNTS = {
-    "metadata topics": _header_v2(3, 12) + _uvarint(HUGE),
-    "header tagged fields": struct.pack(">hhih", 3, 12, 7, 4) + b"fuzz" + _uvarint(HUGE),
-    "api versions string": _header_v2(18, 3) + _uvarint(HUGE),
+    "metadata topics": _header_v2(3, 12) + uvarint(HUGE),
+    "header tagged fields": struct.pack(">hhih", 3, 12, 7, 4) + b"fuzz" + uvarint(HUGE),
+    "api versions string": _header_v2(18, 3) + uvarint(HUGE),
     "produce records": _header_v2(0, 9) + b"\x00\xff\xff" + struct.pack(">i", 1000)
-    + b"\x02\x09fz-topic\x02" + struct.pack(">i", 0) + _uvarint(HUGE),
+    + b"\x02\x09fz-topic\x02" + struct.pack(">i", 0) + uvarint(HUGE),
     "fetch partitions": _header_v2(1, 12) + struct.pack(">iiiib", -1, 100, 1, 1000, 0)
-    + struct.pack(">ii", 0, -1) + b"\x02\x09fz-topic" + _uvarint(HUGE),
+    + struct.pack(">ii", 0, -1) + b"\x02\x09fz-topic" + uvarint(HUGE),
     "legacy array": struct.pack(">hhih", 3, 4, 7, 4) + b"fuzz" + struct.pack(">i", 2**31 - 1),
 }
 
@@ -414,7 +406,7 @@ NOT_KAFKA = {
     # FindCoordinator v4: coordinator_keys (not nullable) null.
     "null compact array": _header_v2(10, 4) + b"\x00" + b"\x00" + b"\x00",
     # OffsetCommit v9: a group id of 40,000 characters (Kafka allows 32,767).
-    "long compact string": _header_v2(8, 9) + _uvarint(40_001) + b"g" * 40_000
+    "long compact string": _header_v2(8, 9) + uvarint(40_001) + b"g" * 40_000
     + struct.pack(">i", -1) + b"\x01" + b"\x00" + b"\x01" + b"\x00",
 }
 
