@@ -77,6 +77,7 @@ class Metrics:
         # and the produce path asked for three per request.
         self._request_series: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._bytes_in: dict[str, Any] = {}
+        self._bytes_out: dict[str, Any] = {}
 
     def request_series(self, api: str, version: str) -> tuple[Any, Any]:
         """(requests counter, latency histogram) of one API and version."""
@@ -94,10 +95,18 @@ class Metrics:
             found = self._bytes_in[topic] = self.kafka_bytes_in.labels(topic)
         return found
 
+    def bytes_out(self, topic: str) -> Any:
+        """The fetched-bytes counter of ``topic``."""
+        found = self._bytes_out.get(topic)
+        if found is None:
+            found = self._bytes_out[topic] = self.kafka_bytes_out.labels(topic)
+        return found
+
     def forget_topic(self, topic: str) -> None:
         """Drop a deleted topic's series (as Kafka's BrokerTopicStats.removeMetrics): a
         topic created again under the name counts from zero."""
         self._bytes_in.pop(topic, None)
+        self._bytes_out.pop(topic, None)
         for counter in (self.kafka_bytes_in, self.kafka_bytes_out):
             try:
                 counter.remove(topic)

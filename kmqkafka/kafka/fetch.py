@@ -302,7 +302,7 @@ class _Fetch:
         partition_cls = t.PartitionData
         topic_cls = t.FetchableTopicResponse
         sessionless = fctx.session is None
-        metrics = ctx.broker.metrics.kafka_bytes_out
+        metrics = ctx.broker.metrics
         by_topic: dict[Hashable, list[Any]] = {}
         for key, code, hw, start, batches, nbytes in results:
             error = code is not ErrorCode.none
@@ -314,7 +314,7 @@ class _Fetch:
             if nbytes:
                 topic = self._topic(key[0])
                 if topic is not None:
-                    metrics.labels(topic.name).inc(nbytes)
+                    metrics.bytes_out(topic.name).inc(nbytes)
             by_topic.setdefault(key[0], []).append(make(
                 partition_cls,
                 partition_index=key[1],
