@@ -4,9 +4,11 @@ Bad settings print one line to stderr and exit with status 2 before anything is 
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
@@ -197,6 +199,17 @@ def makeService(options: Options) -> BrokerService:
     keep_freed_memory()
     try:
         settings = load_settings(options, os.environ, options["config"])
+    except ConfigError as e:
+        sys.stderr.write(f"kmqkafka: {e}\n")
+        sys.stderr.flush()
+        raise SystemExit(2) from None
+    try:
+        lock_data_dir(settings.data_dir)
+    except DataDirUnusable as e:  # not a bad setting: it may pass (exit status 1)
+        sys.stderr.write(f"kmqkafka: {e}\n")
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+    try:
         service = build_service(settings, reactor)
     except ConfigError as e:
         sys.stderr.write(f"kmqkafka: {e}\n")
@@ -207,6 +220,35 @@ def makeService(options: Options) -> BrokerService:
     reactor.callWhenRunning(exit_cleanly_on_sigterm, reactor)
     reactor.addSystemEventTrigger("after", "shutdown", exit_with, service)
     return service
+
+
+class DataDirUnusable(Exception):
+    """The data directory cannot be made or locked (another process holds it)."""
+
+
+_data_dir_lock: int | None = None
+
+
+def lock_data_dir(data_dir: Path) -> None:
+    """Hold an exclusive lock on ``{data_dir}/.lock`` for as long as this process lives, as
+    Kafka's LogManager locks each log dir: two daemons on one store acknowledged the same
+    offsets with different records, and a restart kept only one side. Raises
+    ``DataDirUnusable`` when another process holds it (the kernel drops it when that one dies,
+    ``kill -9`` included)."""
+    global _data_dir_lock
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise DataDirUnusable(f"cannot use the data directory {data_dir} (KMQKAFKA_DATA_DIR): "
+                              f"{e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DataDirUnusable(f"the data directory {data_dir} (KMQKAFKA_DATA_DIR) is in use "
+                              "by another kmqkafka process") from None
+    _data_dir_lock = fd
 
 
 def raise_open_file_limit() -> int:

@@ -234,3 +234,29 @@ def test_node_ids_start_at_0_as_kafka_broker_ids_do() -> None:
     s = load_settings({}, {"KMQKAFKA_NODE_ID": "0", "KMQKAFKA_PEERS":
                            "0=127.0.0.1:19001/127.0.0.1:9092,1=127.0.0.1:19002/127.0.0.1:9093"})
     assert s.node_id == 0 and [p.node_id for p in s.peers] == [0, 1]
+
+
+def test_a_second_daemon_on_the_same_data_dir_stops_with_one_line(tmp_path: Path) -> None:
+    """As Kafka's log-dir lock: two daemons on one store acknowledged the same offsets with
+    different records. The second exits 1 (the first may be on its way out), the first
+    serves on, and a kill -9 releases the lock."""
+    from conftest import start_broker
+
+    first = start_broker(tmp_path)
+    try:
+        env = dict(first.env)
+        env.update({"CONNECTORS_KAFKA_PORT": str(free_port()),
+                    "CONNECTORS_KAFKA_TLS_PORT": str(free_port()),
+                    "KMQKAFKA_HTTP_PORT": str(free_port())})
+        proc = subprocess.run([str(TWISTD), "-n", "--pidfile=", "kmqkafka"], cwd=tmp_path,
+                              env=env, capture_output=True, timeout=60)
+        lines = [l for l in (proc.stdout + proc.stderr).decode().splitlines() if l.strip()]
+        assert proc.returncode == 1, lines
+        assert len(lines) == 1 and "KMQKAFKA_DATA_DIR" in lines[0] and "in use" in lines[0]
+        assert first.proc.poll() is None
+        first.kill()
+        second = start_broker(tmp_path, env=env)  # the kernel released the dead one's lock
+        second.stop()
+    finally:
+        if first.proc.poll() is None:
+            first.kill()
