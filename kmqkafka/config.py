@@ -6,8 +6,9 @@ connector, ``KMQKAFKA_*`` for the server), one ``twistd kmqkafka`` option and on
 everything up front; a bad value raises ``ConfigError`` whose message is a single line naming the
 setting, which the tap prints before exiting non-zero.
 
-Tables other than ``[kafka]`` and ``[server]`` (for example ``[security]``) are not interpreted
-here; they are handed through untouched in ``Settings.file_tables`` for the modules that own them.
+``[security]`` is not interpreted here; it is handed through untouched in
+``Settings.file_tables`` for the modules that own it. Any other table, and any key outside a
+table, is refused like an unknown key (a misspelled ``[kafak]`` used to pass silently).
 """
 from __future__ import annotations
 
@@ -381,11 +382,24 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(
             f"invalid setting --config: {str(path)!r} is not valid TOML: {str(e).splitlines()[0]}"
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"invalid setting --config: {str(path)!r} is not valid TOML: it is not UTF-8"
+        ) from None
+
+
+PASSED_TABLES = frozenset({"security"})
+"""TOML tables besides [kafka] and [server] that are handed on (``Settings.file_tables``)."""
 
 
 def _file_values(path: Path, data: Mapping[str, Any]) -> dict[str, Any]:
     known = {(s.table, s.key): s for s in SETTINGS}
     values: dict[str, Any] = {}
+    for name, value in data.items():
+        if name in ("kafka", "server") or (name in PASSED_TABLES and isinstance(value, dict)):
+            continue
+        what = f"table [{name}]" if isinstance(value, dict) else f"key {name} outside a table"
+        raise ConfigError(f"invalid setting --config: unknown {what} in {str(path)!r}")
     for table in ("kafka", "server"):
         section = data.get(table, {})
         if not isinstance(section, dict):

@@ -39,6 +39,17 @@ class Options(usage.Options):
         option_parameters()
     )
 
+    def parseOptions(self, options: Any = None) -> None:
+        """A mistyped or incomplete option stops start-up like a bad setting: one line, exit
+        status 2 (systemd's ``RestartPreventExitStatus``), not twistd's usage text and 1,
+        which a unit would restart in a loop."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            sys.stderr.write(f"kmqkafka: {e} (twistd kmqkafka --help lists the options)\n")
+            sys.stderr.flush()
+            raise SystemExit(2) from None
+
 
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,

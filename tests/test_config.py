@@ -146,10 +146,14 @@ def test_bad_value_in_file_and_option_names_the_setting(tmp_path: Path) -> None:
     ("[kafka\nport = 1", "not valid TOML"),
     ("[kafka]\nprot = 1\n", "unknown key [kafka] prot"),
     ("kafka = 3\n", "not a table"),
+    ("[kafak]\nport = 1\n", "unknown table [kafak]"),
+    ("[Server]\nhttp_port = 1\n", "unknown table [Server]"),
+    ("port = 9092\n[kafka]\n", "unknown key port outside a table"),
+    ("# caf\xe9\n[kafka]\n", "not UTF-8"),
 ])
 def test_bad_file_is_one_line(tmp_path: Path, content: str, needle: str) -> None:
     f = tmp_path / "k.toml"
-    f.write_text(content)
+    f.write_bytes(content.encode("latin-1"))
     with pytest.raises(ConfigError) as info:
         load_settings({}, {}, f)
     assert "\n" not in str(info.value) and needle in str(info.value)
@@ -198,6 +202,22 @@ def test_twistd_exits_nonzero_with_the_one_line(tmp_path: Path, name: str, value
     assert not (tmp_path / "d").exists(), "nothing may be opened before settings are valid"
 
 
+@pytest.mark.parametrize("args,needle", [(["--kafka-prot", "9092"], "--kafka-prot"),
+                                         (["--kafka-port"], "--kafka-port"),
+                                         (["stray"], "arguments")])
+def test_a_bad_option_is_one_line_and_exit_status_2(tmp_path: Path, args: list,
+                                                     needle: str) -> None:
+    """Not twistd's 200 lines of usage and status 1, which a systemd unit would restart in a
+    loop: a mistyped option is a bad setting like any other."""
+    env = base_env()
+    env.update({"KMQKAFKA_DATA_DIR": str(tmp_path / "d")})
+    proc = subprocess.run([str(TWISTD), "-n", "--pidfile=", "kmqkafka", *args], cwd=tmp_path,
+                          env=env, capture_output=True, timeout=60)
+    lines = [l for l in (proc.stdout + proc.stderr).decode().splitlines() if l.strip()]
+    assert proc.returncode == 2, lines
+    assert len(lines) == 1 and needle in lines[0], lines
+
+
 @pytest.mark.parametrize("taken", ["KMQKAFKA_HTTP_PORT", "CONNECTORS_KAFKA_PORT"])
 def test_a_taken_port_stops_start_up_with_exit_status_1(tmp_path: Path, taken: str) -> None:
     """A second daemon on a busy port must exit (systemd restarts it), not run on deaf."""
@@ -228,6 +248,16 @@ def test_a_peer_entry_may_name_its_tls_port_and_its_own_sets_the_listener() -> N
                            "2=127.0.0.1:19002/127.0.0.1:9192/9193"})
     assert [p.kafka_tls_port for p in s.peers] == [9093, 9193]
     assert (s.kafka_port, s.kafka_tls_port) == (9192, 9193)
+
+
+def test_the_shipped_file_leaves_a_node_its_own_peer_entry() -> None:
+    """systemd starts every node with etc/kmqkafka.toml: its documented defaults must not
+    count as given, or a node listens on 9092 while the others advertise it at 9192."""
+    s = load_settings({}, {"KMQKAFKA_NODE_ID": "2", "KMQKAFKA_PEERS":
+                           "1=127.0.0.2:19001/127.0.0.2:9092,2=127.0.0.3:19002/127.0.0.3:9192"},
+                      REPO / "etc" / "kmqkafka.toml")
+    assert (s.kafka_port, s.kafka_advertised_port) == (9192, 9192)
+    assert s.kafka_advertised_host == "127.0.0.3" == s.kafka_bind_host
 
 
 def test_node_ids_start_at_0_as_kafka_broker_ids_do() -> None:
