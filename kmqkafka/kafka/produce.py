@@ -227,7 +227,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                 return succeed(_refused(blob, index, channel, store))
             data = _log_append_time(blob, now_ms) if log_append else blob
             d = store.append_batch(channel, data, durable=durable, checked=True)  # by _check
-            metric.inc(len(blob))
+            d.addCallback(_counted, metric, len(blob))  # as Kafka: bytes that were stored
             d.addCallbacks(_appended, _append_failed,
                            callbackArgs=(index, channel, store, now_ms if log_append else -1),
                            errbackArgs=(index, channel))
@@ -551,6 +551,11 @@ def _log_start(store: Any, channel: str) -> int:
         return store.bounds(channel).log_start - 1
     except Exception:
         return -1
+
+
+def _counted(result: Any, metric: Any, size: int) -> Any:
+    metric.inc(size)
+    return result
 
 
 def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:

@@ -46,3 +46,33 @@ def test_a_deleted_topic_leaves_metrics(broker):
     admin.delete_topics(["obs-gone"])["obs-gone"].result(15)
     text = http_get(broker.http_port, "/metrics").decode()
     assert 'topic="obs-gone"' not in text and "kafka.obs-gone" not in text
+
+
+def test_bytes_in_counts_only_stored_batches(broker):
+    """As Kafka's bytesInRate, marked after the append: a batch refused when applied (here
+    an idempotent producer's sequence gap) adds nothing."""
+    import time
+
+    from kio.schema.errors import ErrorCode as E
+
+    from kmqkafka import records
+    from tests.raft.test_kafka_cluster import ms, req
+    from tests.rawkafka import RawClient
+
+    Pr, Td, Pd = (req("produce", 9, n) for n in
+                  ("ProduceRequest", "TopicProduceData", "PartitionProduceData"))
+
+    def produce(raw, seq):
+        batch = records.build_batch([records.NewRecord(value=b"v" * 200)],
+                                    now_ms=int(time.time() * 1000), producer_id=7,
+                                    producer_epoch=0, base_sequence=seq)
+        r = raw.call(Pr(transactional_id=None, acks=-1, timeout=ms(10000), topic_data=(
+            Td(name="obs-in", partition_data=(Pd(index=0, records=batch),)),)))
+        return r.responses[0].partition_responses[0].error_code, len(batch)
+
+    with RawClient(broker.kafka_port) as raw:
+        code, size = produce(raw, 0)
+        assert code == E.none
+        assert produce(raw, 5)[0] == E.out_of_order_sequence_number
+    text = http_get(broker.http_port, "/metrics").decode()
+    assert metric(text, "kmqkafka_kafka_topic_bytes_in_total", topic="obs-in") == size
