@@ -68,12 +68,14 @@ PRODUCER_TUNING = {
 CONSUMER_TUNING = {
     "fetch.max.bytes": 52_428_800,
     "max.partition.fetch.bytes": 10_485_760,
-    # librdkafka's maxima, above every phase's records: once its queue passes either limit it
-    # stops fetching for fetch.queue.backoff.ms (1 s). At 1,000,000 messages a broker that
-    # filled the queue faster than the application drained it lost a second of a one-second
-    # phase in about half the runs (consume 100 B: 0.8 against 1.6 M msg/s).
-    "queued.max.messages.kbytes": 2_097_151,
-    "queued.min.messages": 10_000_000,
+    "queued.max.messages.kbytes": 1_048_576,
+    "queued.min.messages": 1_000_000,
+    # Once its queue passes either limit librdkafka stops fetching for this long (1 s by
+    # default): a broker that filled the queue faster than the application drained it lost a
+    # second of a one-second phase in about half the runs (consume 100 B: 0.8 against 1.6 M
+    # msg/s). Raising the limits instead let the client queue everything, and touching that
+    # much fresh memory slowed it as much.
+    "fetch.queue.backoff.ms": 10,
 }
 QUIET = {"log.connection.close": False}
 
