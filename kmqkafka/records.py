@@ -264,49 +264,63 @@ def decompress(codec: int, data: bytes | memoryview, limit: int = DECOMPRESSED_M
     InvalidBatch if it is malformed or would exceed ``limit`` bytes."""
     if codec == COMPRESSION_NONE:
         return bytes(data)
+    return b"".join(decompressed_chunks(codec, data, limit))
+
+
+DECOMPRESS_CHUNK = 1 << 20
+"""Most bytes one step of ``decompressed_chunks`` yields."""
+
+
+def decompressed_chunks(codec: int, data: bytes | memoryview,
+                        limit: int = DECOMPRESSED_MAX) -> Iterator[bytes]:
+    """The records section of a compressed batch, decompressed a chunk at a time, so a caller
+    that only walks it holds one chunk, not the whole (a bomb's 128 MiB, twice, on every
+    decode thread). Raises InvalidBatch once it is malformed or passes ``limit`` bytes."""
+    if codec == COMPRESSION_GZIP:
+        chunks = _streams(bytes(data), lambda: zlib.decompressobj(wbits=47), "gzip")
+    elif codec == COMPRESSION_SNAPPY:
+        chunks = _snappy_blocks(bytes(data), limit)
+    elif codec == COMPRESSION_LZ4:
+        chunks = _streams(bytes(data), lz4.frame.LZ4FrameDecompressor, "lz4")
+    elif codec == COMPRESSION_ZSTD:
+        chunks = _zstd_frames(bytes(data))
+    else:
+        raise UnsupportedCompression(f"unknown compression codec {codec}")
+    total = 0
     try:
-        if codec == COMPRESSION_GZIP:
-            out = _streams(bytes(data), limit, lambda: zlib.decompressobj(wbits=47), "gzip")
-        elif codec == COMPRESSION_SNAPPY:
-            out = _snappy_decompress(bytes(data), limit)
-        elif codec == COMPRESSION_LZ4:
-            out = _streams(bytes(data), limit, lz4.frame.LZ4FrameDecompressor, "lz4")
-        elif codec == COMPRESSION_ZSTD:
-            out = _zstd_frames(bytes(data), limit)
-        else:
-            raise UnsupportedCompression(f"unknown compression codec {codec}")
+        for chunk in chunks:
+            total += len(chunk)
+            if total > limit:
+                raise InvalidBatch(f"records decompress to more than {limit} bytes")
+            yield chunk
     except (cramjam.DecompressionError, zlib.error, zstandard.ZstdError, RuntimeError) as exc:
         raise InvalidBatch(f"cannot decompress records: {exc}") from exc
-    if len(out) > limit:
-        raise InvalidBatch(f"records decompress to more than {limit} bytes")
-    return out
 
 
-def _streams(data: bytes, limit: int, decompressor: Callable[[], Any], codec: str) -> bytes:
+def _streams(data: bytes, decompressor: Callable[[], Any], codec: str) -> Iterator[bytes]:
     """Compressed streams one after another (gzip members, lz4 frames: Java writes one, and
-    concatenations are legal), decompressed until they end or pass ``limit`` bytes in all."""
-    out = bytearray()
-    while data and len(out) <= limit:
+    concatenations are legal). zlib keeps input it had no room to expand in
+    ``unconsumed_tail``; lz4 keeps it inside and is asked again with no input."""
+    while data:
         d = decompressor()
-        out += d.decompress(data, limit + 1 - len(out))
-        if not d.eof:
-            if len(out) > limit:
+        feed = data
+        while True:
+            chunk = d.decompress(feed, DECOMPRESS_CHUNK)
+            if chunk:
+                yield chunk
+            if d.eof:
                 break
-            raise InvalidBatch(f"truncated {codec} records")
+            feed = getattr(d, "unconsumed_tail", b"")
+            if not chunk and not feed:
+                raise InvalidBatch(f"truncated {codec} records")
         data = d.unused_data
-    return bytes(out)
 
 
-def _zstd_frames(data: bytes, limit: int) -> bytes:
-    out = bytearray()
+def _zstd_frames(data: bytes) -> Iterator[bytes]:
     with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
                                                     read_across_frames=True) as reader:
-        while len(out) <= limit:
-            chunk = reader.read(1 << 20)
-            if not chunk:
-                break
-            out += chunk
-    return bytes(out)
+        while chunk := reader.read(DECOMPRESS_CHUNK):
+            yield chunk
 
 
 def compress(codec: int, data: bytes) -> bytes:
@@ -324,13 +338,14 @@ def compress(codec: int, data: bytes) -> bytes:
     raise UnsupportedCompression(f"unknown compression codec {codec}")
 
 
-def _snappy_decompress(data: bytes, limit: int) -> bytes:
+def _snappy_blocks(data: bytes, limit: int) -> Iterator[bytes]:
     """Java clients frame snappy the xerial way (magic, versions, sized chunks); each raw block
     states its length up front, so an oversized one is refused before it is expanded."""
     if not data.startswith(_XERIAL_MAGIC):
         _check_snappy_length(data, limit)
-        return bytes(cramjam.snappy.decompress_raw(data))
-    out = bytearray()
+        yield bytes(cramjam.snappy.decompress_raw(data))
+        return
+    total = 0
     pos = 16
     while pos < len(data):
         if pos + 4 > len(data):
@@ -338,10 +353,11 @@ def _snappy_decompress(data: bytes, limit: int) -> bytes:
         size = _I32.unpack_from(data, pos)[0]
         pos += 4
         chunk = data[pos : pos + size]
-        _check_snappy_length(chunk, limit - len(out))
-        out += cramjam.snappy.decompress_raw(chunk)
+        _check_snappy_length(chunk, limit - total)
+        block = bytes(cramjam.snappy.decompress_raw(chunk))
+        total += len(block)
+        yield block
         pos += size
-    return bytes(out)
 
 
 def _check_snappy_length(block: bytes, limit: int) -> None:
@@ -368,18 +384,59 @@ def check_records(batch: bytes | bytearray | memoryview, header: BatchHeader) ->
     records with nothing after them. Raises InvalidBatch. Reads only the lengths, and only
     of the first ``WALKED_MAX`` records: the walk holds the GIL, and a few KiB of zstd can
     count millions of them."""
-    body = decompress(header.compression,
-                      memoryview(batch)[HEADER_SIZE:header.size])
+    chunks = decompressed_chunks(header.compression, memoryview(batch)[HEADER_SIZE:header.size])
     if header.records_count > WALKED_MAX:
+        for _ in chunks:
+            pass
         return
-    cursor, end = 0, len(body)
-    for _ in range(header.records_count):
-        length, cursor = _read_varint(body, cursor)
-        cursor += length
-        if length < 0 or cursor > end:
+    walk = _LengthWalk(header.records_count)
+    for chunk in chunks:
+        walk.feed(chunk)
+    walk.finish()
+
+
+class _LengthWalk:
+    """Counts length-prefixed records across chunk boundaries: ``skip`` bytes of the current
+    record are still to come, and ``carry`` holds a length varint cut by a chunk's end."""
+
+    __slots__ = ("left", "skip", "carry")
+
+    def __init__(self, expected: int) -> None:
+        self.left = expected
+        self.skip = 0
+        self.carry = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if self.carry:
+            chunk, self.carry = self.carry + chunk, b""
+        end = len(chunk)
+        if self.skip >= end:
+            self.skip -= end
+            return
+        pos, left = self.skip, self.left
+        while pos < end:
+            if left == 0:
+                raise InvalidBatch("Incorrect declared batch size, records still remaining")
+            try:
+                length, after = _read_varint(chunk, pos)
+            except InvalidBatch:
+                if end - pos >= 10:  # too long, not cut short
+                    raise
+                self.carry = chunk[pos:]
+                pos = end
+                break
+            if length < 0:
+                raise InvalidBatch("Found invalid record: negative length")
+            left -= 1
+            pos = after + length
+        self.left = left
+        self.skip = pos - end
+
+    def finish(self) -> None:
+        if self.carry or self.skip:
             raise InvalidBatch("Found invalid record: longer than the batch")
-    if cursor != end:
-        raise InvalidBatch("Incorrect declared batch size, records still remaining")
+        if self.left:
+            raise InvalidBatch("Incorrect declared batch size, records still remaining")
 
 
 def iter_records(batch: bytes | bytearray | memoryview, pos: int = 0) -> Iterator[Record]:
