@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import socket
 import struct
+import sys
 from typing import Any
 
 from kio.index import load_response_schema
@@ -75,3 +76,26 @@ def kio_response_frame(correlation_id: int, response: Any, header_version: int) 
     entity_writer(header_type)(buf, header_type(correlation_id=i32(correlation_id)))
     entity_writer(type(response))(buf, response)
     return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+
+
+def response_types(api_key: int, version: int) -> tuple[Any, Any]:
+    """A kio response class and the module holding its nested types (one per version)."""
+    rt = load_response_schema(api_key, version)
+    return rt, sys.modules[rt.__module__]
+
+
+def topic_lists(partitions: Any) -> Any:
+    """Hypothesis: up to three (name, topic id, partitions) of a response, ``partitions``
+    drawing each partition's fields."""
+    from hypothesis import strategies as st
+
+    return st.lists(st.tuples(st.from_regex(r"[a-zA-Z0-9._-]{1,20}", fullmatch=True),
+                              st.uuids(), st.lists(partitions, max_size=3)), max_size=3)
+
+
+def build_topics(data: list, partition: Any, topic: Any) -> tuple:
+    """A response's topics from ``topic_lists`` draws: ``partition(fields)`` builds each
+    partition from a copy of its drawn fields, ``topic(name, topic_id, partitions)`` each
+    topic."""
+    return tuple(topic(name, topic_id, tuple(partition(dict(p)) for p in parts))
+                 for name, topic_id, parts in data)

@@ -3,11 +3,9 @@ leaves stored batches uncopied."""
 from __future__ import annotations
 
 import datetime
-import sys
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from kmqkafka.kafka import fetch_response
@@ -15,7 +13,7 @@ from kmqkafka.kafka.wire import make
 from kmqkafka.net import fast_bodies
 from kmqkafka.net.chunks import RecordChain
 from kmqkafka.net.protocol import KafkaProtocol
-from tests.rawkafka import kio_response_frame
+from tests.rawkafka import build_topics, kio_response_frame, response_types, topic_lists
 
 fetch_response.install()
 
@@ -38,41 +36,37 @@ partitions = st.fixed_dictionaries({
     "records": records,
     "tagged": st.sampled_from([None, "diverging_epoch", "current_leader", "snapshot_id"]),
 })
-topics = st.lists(st.tuples(st.from_regex(r"[a-zA-Z0-9._-]{1,20}", fullmatch=True),
-                            st.uuids(), st.lists(partitions, max_size=3)), max_size=3)
+topics = topic_lists(partitions)
 
 
 def build(version: int, data: list, throttle_ms: int, session_id: int, endpoints: bool,
           chained: bool) -> object:
-    rt = load_response_schema(1, version)
-    t = sys.modules[rt.__module__]
-    out = []
-    for name, topic_id, parts in data:
-        built = []
-        for p in parts:
-            fields = dict(p)
-            aborted, tagged, value = fields.pop("aborted"), fields.pop("tagged"), \
-                fields.pop("records")
-            fields["aborted_transactions"] = None if aborted is None else tuple(
-                t.AbortedTransaction(producer_id=a, first_offset=b) for a, b in aborted)
-            if isinstance(value, list):
-                value = RecordChain([memoryview(v) for v in value]) if chained \
-                    else b"".join(value)
-            fields["records"] = value
-            if tagged is not None and version >= 12:
-                fields[tagged] = {
-                    "diverging_epoch": lambda: t.EpochEndOffset(epoch=3, end_offset=9),
-                    "current_leader": lambda: t.LeaderIdAndEpoch(leader_id=2, leader_epoch=1),
-                    "snapshot_id": lambda: t.SnapshotId(end_offset=5, epoch=1),
-                }[tagged]()
-            built.append(make(t.PartitionData, **fields))
-        out.append(make(t.FetchableTopicResponse, topic=name, topic_id=topic_id,
-                        partitions=tuple(built)))
+    rt, t = response_types(1, version)
+
+    def partition(fields: dict) -> object:
+        aborted, tagged, value = fields.pop("aborted"), fields.pop("tagged"), \
+            fields.pop("records")
+        fields["aborted_transactions"] = None if aborted is None else tuple(
+            t.AbortedTransaction(producer_id=a, first_offset=b) for a, b in aborted)
+        if isinstance(value, list):
+            value = RecordChain([memoryview(v) for v in value]) if chained \
+                else b"".join(value)
+        fields["records"] = value
+        if tagged is not None and version >= 12:
+            fields[tagged] = {
+                "diverging_epoch": lambda: t.EpochEndOffset(epoch=3, end_offset=9),
+                "current_leader": lambda: t.LeaderIdAndEpoch(leader_id=2, leader_epoch=1),
+                "snapshot_id": lambda: t.SnapshotId(end_offset=5, epoch=1),
+            }[tagged]()
+        return make(t.PartitionData, **fields)
+
+    out = build_topics(data, partition, lambda name, topic_id, parts: make(
+        t.FetchableTopicResponse, topic=name, topic_id=topic_id, partitions=parts))
     extra = {}
     if endpoints and version >= 16:
         extra["node_endpoints"] = (t.NodeEndpoint(node_id=1, host="h", port=9092, rack=None),)
     return make(rt, throttle_time=datetime.timedelta(milliseconds=throttle_ms),
-                error_code=ErrorCode.none, session_id=session_id, responses=tuple(out),
+                error_code=ErrorCode.none, session_id=session_id, responses=out,
                 **extra)
 
 

@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 import datetime
-import sys
 import uuid
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
 
 from kmqkafka.kafka import produce_response
 from kmqkafka.kafka.wire import make
 from kmqkafka.net import fast_bodies
 from kmqkafka.net.protocol import KafkaProtocol
-from tests.rawkafka import kio_response_frame
+from tests.rawkafka import build_topics, kio_response_frame, response_types, topic_lists
 
 produce_response.install()
 
@@ -35,35 +33,31 @@ partitions = st.fixed_dictionaries({
     "error_message": texts,
     "leader": st.one_of(st.none(), st.tuples(st.integers(0, 5), st.integers(0, 9))),
 })
-topics = st.lists(st.tuples(st.from_regex(r"[a-zA-Z0-9._-]{1,20}", fullmatch=True),
-                            st.uuids(), st.lists(partitions, max_size=3)), max_size=3)
+topics = topic_lists(partitions)
 endpoints = st.lists(st.tuples(st.integers(0, 9), st.text(min_size=1, max_size=10),
                                st.integers(1, 65535)), max_size=1)
 
 
 def build(version: int, data: list, throttle_ms: int, nodes: list) -> object:
-    rt = load_response_schema(0, version)
-    t = sys.modules[rt.__module__]
-    out = []
-    for name, topic_id, parts in data:
-        built = []
-        for p in parts:
-            fields = dict(p)
-            leader = fields.pop("leader")
-            fields["record_errors"] = tuple(
-                make(t.BatchIndexAndErrorMessage, batch_index=i, batch_index_error_message=m)
-                for i, m in fields["record_errors"]) if version >= 8 else ()
-            if leader is not None and version >= 10:
-                fields["current_leader"] = t.LeaderIdAndEpoch(leader_id=leader[0],
-                                                              leader_epoch=leader[1])
-            built.append(make(t.PartitionProduceResponse, **fields))
-        out.append(make(t.TopicProduceResponse, name=name, topic_id=topic_id,
-                        partition_responses=tuple(built)))
+    rt, t = response_types(0, version)
+
+    def partition(fields: dict) -> object:
+        leader = fields.pop("leader")
+        fields["record_errors"] = tuple(
+            make(t.BatchIndexAndErrorMessage, batch_index=i, batch_index_error_message=m)
+            for i, m in fields["record_errors"]) if version >= 8 else ()
+        if leader is not None and version >= 10:
+            fields["current_leader"] = t.LeaderIdAndEpoch(leader_id=leader[0],
+                                                          leader_epoch=leader[1])
+        return make(t.PartitionProduceResponse, **fields)
+
+    out = build_topics(data, partition, lambda name, topic_id, parts: make(
+        t.TopicProduceResponse, name=name, topic_id=topic_id, partition_responses=parts))
     extra = {}
     if version >= 10 and nodes:
         extra["node_endpoints"] = tuple(
             t.NodeEndpoint(node_id=n, host=h, port=port, rack=None) for n, h, port in nodes)
-    return rt(responses=tuple(out), throttle_time=datetime.timedelta(milliseconds=throttle_ms),
+    return rt(responses=out, throttle_time=datetime.timedelta(milliseconds=throttle_ms),
               **extra)
 
 
