@@ -53,7 +53,8 @@ class BrokerService(MultiService):
         drain_timeout: float = 5.0,
         on_ready: Callable[[], Any] | None = None,
     ) -> None:
-        """``on_ready`` runs once the listeners are open (the daemon settles its heap there)."""
+        """``on_ready`` runs once the listeners are open (the daemon settles its heap there);
+        ``release_parked``, if set, answers parked group calls when the drain begins."""
         super().__init__()
         self.reactor = reactor
         self.store = store
@@ -61,6 +62,7 @@ class BrokerService(MultiService):
         self.listeners = listeners
         self.drain_timeout = drain_timeout
         self.on_ready = on_ready
+        self.release_parked: Callable[[], Any] | None = None
         self.ready = False
         self.exit_code = 0
         self.started: Deferred[None] | None = None
@@ -142,6 +144,11 @@ class BrokerService(MultiService):
             # No new requests are read now; parked fetches answer with what they have rather
             # than hold the drain until they time out (and lose their answer).
             self.store.waiters.wake_all()
+        if self.release_parked is not None:
+            try:
+                self.release_parked()  # joins waiting for a rebalance, likewise
+            except Exception:
+                self.log.failure("releasing parked group calls failed")
         for drained in drains:
             yield drained
         if self._store_started:

@@ -132,6 +132,8 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     service.http = Listener("HTTP", settings.http_host, settings.http_port,
                             build_site(registry, service.is_ready))
     service.broker = broker  # type: ignore[attr-defined]
+    coordination = broker.extras["coordination"]
+    service.release_parked = lambda: coordination.unload("shutting down")
     return service
 
 

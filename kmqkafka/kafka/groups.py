@@ -169,7 +169,7 @@ class Coordination:
             if self.ready_term == term or self._loading_term == term:
                 return
             if self.ready_term is not None:
-                self._unload("a new term began")
+                self.unload("a new term began")
             self._loading_term = term
             log.info("node became raft leader (term {term}): loading group coordinator",
                      term=term)
@@ -185,7 +185,7 @@ class Coordination:
         elif self.ready_term is not None or self._loading_term is not None:
             self._loading_term = None
             if self.ready_term is not None:
-                self._unload("this node is no longer the raft leader")
+                self.unload("this node is no longer the raft leader")
 
     def _follow_leader(self) -> None:
         """When another node leads now, calls forwarded to the old leader are cut off (they
@@ -208,7 +208,7 @@ class Coordination:
         self._loading_term = None
         if not self.broker.store.is_leader() or identity.term(self.broker) != term:
             return
-        self._unload("reloading")
+        self.unload("reloading")
         coordinator_now(self.broker)
         self.ready_term = term
         self.reloads += 1
@@ -222,8 +222,11 @@ class Coordination:
         log.warn("coordinator barrier failed (term {term}): {error}", term=term,
                  error=failure.getErrorMessage())
 
-    def _unload(self, reason: str) -> None:
-        """Forget in-memory coordinator state: cancel timers, release parked calls."""
+    def unload(self, reason: str) -> None:
+        """Forget in-memory coordinator state: cancel timers, release parked calls (a
+        JoinGroup or SyncGroup waiting for its rebalance is answered NOT_COORDINATOR, so
+        its client looks for the coordinator again). Also at shut-down, as Kafka's
+        controlled shutdown unloads the groups it coordinates."""
         self.ready_term = None
         broker = self.broker
         classic = broker.extras.get("groups")

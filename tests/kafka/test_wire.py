@@ -793,3 +793,41 @@ def test_announced_large_frames_do_not_make_the_broker_allocate_them_all(
         for sock in stalled:
             sock.close()
     roundtrip_ok(broker.kafka_port)
+
+
+def test_sigterm_answers_a_parked_join_group_not_coordinator(tmp_path: Path) -> None:
+    """A JoinGroup waiting for its group's first rebalance (here 60 s of
+    group.initial.rebalance.delay.ms) is answered NOT_COORDINATOR when the drain begins, as
+    Kafka's controlled shutdown unloads the groups it coordinates; its client looks for the
+    coordinator again. It held the drain for the whole 5 s and then lost its answer."""
+    import importlib
+
+    from rawkafka import RawClient
+
+    join = importlib.import_module("kio.schema.join_group.v9.request")
+
+    def request(member_id: str) -> Any:
+        return join.JoinGroupRequest(
+            group_id="parked-join", session_timeout=datetime.timedelta(seconds=30),
+            rebalance_timeout=datetime.timedelta(seconds=60), member_id=member_id,
+            group_instance_id=None, protocol_type="consumer",
+            protocols=(join.JoinGroupRequestProtocol(name="range", metadata=b""),), reason=None)
+
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "60000"})
+    try:
+        raw = RawClient(b.kafka_port, timeout=20)
+        first = raw.call(request(""))
+        assert first.error_code == ErrorCode.member_id_required
+        parked = request(first.member_id)
+        raw.send(parked)
+        time.sleep(0.5)  # parked now, for the initial rebalance delay
+        started = time.monotonic()
+        b.proc.send_signal(signal.SIGTERM)
+        answer = raw.receive(parked)
+        assert answer.error_code == ErrorCode.not_coordinator
+        assert b.proc.wait(10) == 0
+        assert time.monotonic() - started < 3
+        raw.close()
+    finally:
+        if b.proc.poll() is None:
+            b.kill()
