@@ -83,34 +83,37 @@ def scan_log(
     Sequence + 1, since the CRC does not cover baseOffset. Safe on any thread.
     """
     builder = IndexBuilder(interval)
+    add = builder.add
+    fields_at, valid = records.read_header_fields, records.valid_fields
+    header_size, overhead = records.HEADER_SIZE, records.LOG_OVERHEAD
     expected = base
     pos = 0
     first_ts = records.NO_TIMESTAMP
     while pos < size:
         chunk = os.pread(fd, min(SCAN_CHUNK, size - pos), pos)
         view = memoryview(chunk)
+        end = len(view)
         off = 0
-        while True:
-            if off + records.HEADER_SIZE > len(view):
-                break
-            batch_size = records.batch_size_at(view, off)
-            if batch_size < records.HEADER_SIZE:
+        # The same steps as for a batch cut by the chunk's end (below), on raw header fields:
+        # start-up scans every batch of each active segment, and this loop is most of it.
+        while off + header_size <= end:
+            fields = fields_at(view, off)
+            batch_size = fields[1] + overhead
+            if batch_size < header_size:
                 return ScanResult(pos + off, expected, builder, first_ts)
-            if off + batch_size > len(view):
+            if off + batch_size > end:
                 break
-            try:
-                header = (records.validate_batch if verify else records.read_header)(view, off)
-            except records.InvalidBatch:
+            if verify and not valid(view, off, fields):
                 return ScanResult(pos + off, expected, builder, first_ts)
-            first_seq = header.base_offset + 1
-            last_seq = first_seq + header.last_offset_delta
+            first_seq = fields[0] + 1
+            last_seq = first_seq + fields[6]
             if first_seq < expected or (dense and first_seq != expected) or (
                 upper is not None and last_seq >= upper
             ):
                 return ScanResult(pos + off, expected, builder, first_ts)
             if pos + off == 0:
-                first_ts = header.max_timestamp
-            builder.add(first_seq - base, pos + off, header.max_timestamp)
+                first_ts = fields[8]
+            add(first_seq - base, pos + off, fields[8])
             expected = last_seq + 1
             off += batch_size
         if off == 0:

@@ -155,3 +155,48 @@ def test_index_file_with_a_partial_entry_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"")
     empty = MappedOffsetIndex(path)
     assert empty.lookup(5) == 0 and empty.last() is None
+
+
+def _header_broken(batch: bytearray, how: str) -> None:
+    """Break one header check of ``validate_batch`` and re-seal the CRC (so only that check
+    can catch it)."""
+    import struct
+
+    if how == "magic":
+        batch[16] = 1
+    elif how == "negative count":
+        struct.pack_into(">i", batch, 57, -1)
+    elif how == "negative delta":
+        struct.pack_into(">i", batch, 23, -1)
+    elif how == "codec":
+        struct.pack_into(">h", batch, 21, 6)
+    struct.pack_into(">I", batch, 17, records.crc32c(memoryview(batch)[21:]))
+
+
+def test_the_scan_checks_each_header_as_validate_batch_does(tmp_path: Path) -> None:
+    """Start-up reads raw header fields for speed; every batch ``validate_batch`` refuses
+    ends the valid part there, and every batch it takes is taken."""
+    import pytest
+
+    for how in ("magic", "negative count", "negative delta", "codec", "crc", None):
+        path = tmp_path / segment_name(1, ".log")
+        positions = _write_segment(path, 1, [1, 1, 1])
+        data = bytearray(path.read_bytes())
+        second = bytearray(data[positions[1]:positions[2]])
+        if how == "crc":
+            second[-1] ^= 1
+        elif how is not None:
+            _header_broken(second, how)
+        data[positions[1]:positions[2]] = second
+        path.write_bytes(bytes(data))
+        if how is None:
+            records.validate_batch(bytes(second))
+        else:
+            with pytest.raises(records.InvalidBatch):
+                records.validate_batch(bytes(second))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            scanned = scan_log(fd, len(data), 1, interval=1).valid_size
+        finally:
+            os.close(fd)
+        assert scanned == (len(data) if how is None else positions[1]), how
