@@ -95,6 +95,37 @@ class IndexBuilder:
             OFFSET_ENTRY.pack_into(out, i * OFFSET_ENTRY.size, rel, pos)
         return bytes(out)
 
+    _STATE = struct.Struct(">6q4q")  # interval, last positions, max ts and rel; array sizes
+
+    def state_bytes(self) -> bytes:
+        """Everything the builder holds, for ``from_state`` (a clean shut-down saves the
+        active segment's builder so start-up need not rebuild it batch by batch)."""
+        arrays = (self.rels, self.positions, self.times, self.time_rels)
+        head = self._STATE.pack(self.interval, self._last_offset_pos, self._last_time_pos,
+                                self.max_timestamp, self.max_timestamp_rel, 0,
+                                *(len(a) for a in arrays))
+        out = bytearray(head)
+        for a in arrays:
+            out += struct.pack(f">{len(a)}q", *a)
+        return bytes(out)
+
+    @classmethod
+    def from_state(cls, data: bytes | memoryview) -> "IndexBuilder":
+        """The builder ``state_bytes`` described; ValueError (struct.error) if it does not
+        parse whole."""
+        (interval, last_offset, last_time, max_ts, max_rel, _spare,
+         *lengths) = cls._STATE.unpack_from(data, 0)
+        b = cls(interval)
+        b._last_offset_pos, b._last_time_pos = last_offset, last_time
+        b.max_timestamp, b.max_timestamp_rel = max_ts, max_rel
+        pos = cls._STATE.size
+        for a, n in zip((b.rels, b.positions, b.times, b.time_rels), lengths):
+            a.extend(struct.unpack_from(f">{n}q", data, pos))
+            pos += 8 * n
+        if pos != len(data):
+            raise ValueError("index builder state has trailing bytes")
+        return b
+
     def time_bytes(self) -> bytes:
         out = bytearray(TIME_ENTRY.size * len(self.times))
         for i, (ts, rel) in enumerate(zip(self.times, self.time_rels)):

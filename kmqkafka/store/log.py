@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twisted.logger import Logger
+
 from kmqkafka import records
 from kmqkafka.store import fsutil
 from kmqkafka.store.compaction import CompactionPlan, CompactionResult, SegmentSource
@@ -46,16 +48,22 @@ from kmqkafka.store.segment import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     PART_SUFFIX,
+    SCAN_SUFFIX,
     TIME_INDEX_SUFFIX,
+    ScanResult,
     Segment,
     iter_file_batches,
     iter_producer_headers,
+    load_saved_scan,
     parse_base,
+    save_scan,
     scan_log,
     write_all,
     write_batch_at_offset,
     write_index_parts,
 )
+
+_log = Logger()
 
 # baseOffset, batchLength, partitionLeaderEpoch: the header fields the CRC does not cover,
 # which the broker owns (Kafka's log validator stamps the leader epoch the same way).
@@ -324,9 +332,12 @@ class ChannelLog:
                 bases.append(base)
         bases.sort()
         known = {f"{b:020d}" for b in bases}
+        last_scan = f"{bases[-1]:020d}{SCAN_SUFFIX}" if bases else None
         for name in names:
             if name.endswith((INDEX_SUFFIX, TIME_INDEX_SUFFIX)) and name.split(".")[0] not in known:
                 os.unlink(self._dir / name)
+            elif name.endswith(SCAN_SUFFIX) and name != last_scan:
+                os.unlink(self._dir / name)  # saved for a segment that is no longer active
         interval = self._config.index_interval_bytes
         if not bases:
             bases = [max(checkpoint, 1)]
@@ -342,8 +353,10 @@ class ChannelLog:
                 seg.end = upper
                 self._append_segment(seg)
                 continue
-            scan = scan_log(seg.reader(), seg.size, base, interval, upper=upper, dense=last) \
-                if seg.size else scan_log(-1, 0, base, interval)
+            scan = load_saved_scan(seg) if last else None
+            if scan is None:
+                scan = scan_log(seg.reader(), seg.size, base, interval, upper=upper,
+                                dense=last) if seg.size else scan_log(-1, 0, base, interval)
             torn = scan.valid_size < seg.size
             if torn:
                 self.truncated_bytes += seg.size - scan.valid_size
@@ -923,16 +936,19 @@ class ChannelLog:
 
     # --- shutdown -------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, save_scan: bool = False) -> None:
         """Flush synchronously and release every fd and mapping (shut-down or delete;
         blocking). A token still running on another thread (a delete under a flush) closes
-        the fds it uses itself, once done."""
+        the fds it uses itself, once done. With ``save_scan`` (the daemon's clean stop) the
+        active segment's index is saved for the next start-up (``segment.save_scan``)."""
         for running in self._tokens:  # a delete may close the log under a running flush
             running.abandoned = True
         token = self.prepare_flush()
         if token is not None:
             token.run()
             self.complete_flush(token)
+        if save_scan and not self._closed:
+            self._save_active_scan()
         self._closed = True
         if self.page_cache is not None:
             self.page_cache.forget(self)
@@ -958,6 +974,19 @@ class ChannelLog:
         self._retired_fds.clear()
         self._fd_refs.clear()
         self._dirty_fds.clear()
+
+    def _save_active_scan(self) -> None:
+        """Save the active segment's index, if every byte of the log is durable."""
+        active = self._active
+        if (self._durable != self._next or self._tokens or active.builder is None
+                or active.end != self._next):
+            return
+        try:
+            save_scan(self._dir, active.base, ScanResult(
+                active.size, self._next, active.builder, records.NO_TIMESTAMP))
+        except OSError as exc:  # start-up will walk the segment instead
+            _log.warn("could not save the index of {dir}: {error}", dir=str(self._dir),
+                      error=exc)
 
     def delete(self) -> None:
         """Close and remove the channel's whole directory (config.json included)."""

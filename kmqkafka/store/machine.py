@@ -248,9 +248,11 @@ class StateMachine:
         hook = self._dead_letter
         return lambda message: hook(name, message)
 
-    def close(self) -> None:
+    def close(self, save_scans: bool = False) -> None:
+        """Close every log; ``save_scans`` (the daemon's clean stop) saves each channel's
+        active-segment index so the next start-up need not walk it."""
         for ch in self.channels.values():
-            ch.close()
+            ch.close(save_scan=save_scans)
         for q in self.queues.values():
             q.close()
         for k in self.keyed.values():

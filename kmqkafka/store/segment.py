@@ -31,6 +31,7 @@ TIME_INDEX_SUFFIX = ".timeindex"
 PART_SUFFIX = ".part"
 CLEANED_SUFFIX = ".cleaned"
 DELETED_SUFFIX = ".deleted"
+SCAN_SUFFIX = ".scan"
 
 # baseOffset, batchLength, lastOffsetDelta (at byte 23): all the read path needs.
 BATCH_SPAN = struct.Struct(">qi11xi")
@@ -140,6 +141,64 @@ def scan_log(
             off = batch_size
         pos += off
     return ScanResult(pos, expected, builder, first_ts)
+
+
+_SAVED_SCAN = struct.Struct(">8sqqqI")  # magic, base, valid size, next Sequence, crc32c
+_SAVED_MAGIC = b"kmqscan1"
+
+
+def save_scan(directory: Path, base: int, scan: ScanResult) -> None:
+    """Write what ``scan_log`` would find in the active segment ``base`` as it stands now (a
+    clean shut-down, every byte of it durable): start-up then takes it instead of walking
+    every batch (``load_saved_scan``). Not fsynced: a torn file fails its checksum."""
+    body = scan.index.state_bytes()
+    head = _SAVED_SCAN.pack(_SAVED_MAGIC, base, scan.valid_size, scan.next_sequence,
+                            records.crc32c(body))
+    final = directory / segment_name(base, SCAN_SUFFIX)
+    part = final.with_name(final.name + PART_SUFFIX)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, head + body)
+    finally:
+        os.close(fd)
+    os.replace(part, final)
+
+
+def load_saved_scan(seg: "Segment") -> ScanResult | None:
+    """The scan ``save_scan`` left for segment ``seg`` (whose ``size`` is its file's size), if
+    it still describes the file; None otherwise. The file is removed either way, before the
+    segment takes a new append.
+
+    Trusted only if it parses whole, its checksum holds, it names this segment and this file
+    size, and the batches after its last index entry walk exactly to the end of the file,
+    from the Sequence that entry names to the saved next Sequence. Appends only ever add to
+    a segment's file and crash recovery only cuts it, so a file of the saved size holds the
+    saved bytes."""
+    path = seg.path(SCAN_SUFFIX)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    os.unlink(path)
+    try:
+        magic, base, size, next_sequence, crc = _SAVED_SCAN.unpack_from(data, 0)
+        body = memoryview(data)[_SAVED_SCAN.size:]
+        if (magic != _SAVED_MAGIC or base != seg.base or size != seg.size
+                or records.crc32c(body) != crc):
+            return None
+        index = IndexBuilder.from_state(body)
+    except (struct.error, ValueError):
+        return None
+    if size == 0:
+        return ScanResult(0, base, index, records.NO_TIMESTAMP) if next_sequence == base \
+            else None
+    if not index.rels:
+        return None
+    walked = seg.tail_walk(index.positions[-1])
+    if walked != (base + index.rels[-1], next_sequence - 1):
+        return None
+    first_ts = seg.batch_max_timestamp(0)
+    return ScanResult(size, next_sequence, index, first_ts)
 
 
 def write_index_parts(directory: Path, base: int, builder: IndexBuilder, suffix: str) -> list[tuple[int, Path, Path]]:

@@ -239,7 +239,7 @@ class ChannelStore:
 
         def close(_: object) -> None:
             self.waiters.wake_all()
-            self.machine.close()
+            self.machine.close(save_scans=True)
             for pool in (self._io_pool, self._cleaner_pool):
                 if pool is not None:
                     pool.stop()

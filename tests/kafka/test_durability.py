@@ -76,3 +76,45 @@ def test_acknowledged_records_survive_kill_9(tmp_path: Path) -> None:
         assert not missing, f"{len(missing)} acknowledged record(s) lost or changed"
     finally:
         broker.stop()
+
+
+def test_a_clean_restart_takes_the_saved_index_and_serves_everything(tmp_path: Path) -> None:
+    """SIGTERM saves each active segment's index (start-up otherwise walks every batch of
+    it); the restarted daemon takes it, removes it, serves every record at its offset,
+    finds offsets by timestamp, and appends after the last one."""
+    broker = start_broker(tmp_path)
+    try:
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0,
+                      "batch.num.messages": 3})
+        sent = [b"%05d" % i for i in range(3000)]
+        for i, value in enumerate(sent):
+            p.produce(TOPIC, value=value, timestamp=1_700_000_000_000 + i)
+            if i % 500 == 0:
+                p.poll(0)
+        assert p.flush(20) == 0
+        assert broker.stop() == 0
+        channel = broker.data_dir / "channels" / f"kafka.{TOPIC}"
+        assert len(list(channel.glob("*.scan"))) == 1
+        broker.restart()
+        assert not list(channel.glob("*.scan"))
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+        p.produce(TOPIC, value=b"after")
+        assert p.flush(10) == 0
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "check-clean",
+                      "enable.auto.commit": False})
+        try:
+            (found,) = c.offsets_for_times(
+                [TopicPartition(TOPIC, 0, 1_700_000_000_000 + 2500)], timeout=10)
+            assert found.offset == 2500
+            c.assign([TopicPartition(TOPIC, 0, 0)])
+            served: dict[int, bytes] = {}
+            stop = time.monotonic() + 30
+            while len(served) < len(sent) + 1 and time.monotonic() < stop:
+                for m in c.consume(10_000, 0.5):
+                    assert m.error() is None, m.error()
+                    served[m.offset()] = m.value()
+        finally:
+            c.close()
+        assert served == {**dict(enumerate(sent)), len(sent): b"after"}
+    finally:
+        broker.stop()

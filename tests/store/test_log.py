@@ -495,3 +495,116 @@ def test_closing_under_a_running_flush_closes_each_fd_once_after_the_flush(
     running.run()
     assert synced <= set(closes)
     assert len(closes) == len(set(closes)), f"closed twice: {closes}"
+
+
+def _fill(log: ChannelLog, n: int = 45) -> None:
+    for i in range(n):
+        log.append(make_batch(1 + i % 3, ts=1_000 + (i * 37) % 11, value=b"x" * (i % 50)), 0)
+    flush(log)
+
+
+def _counting_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from kmqkafka.store import log as log_module
+
+    calls: list[int] = []
+    real = log_module.scan_log
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(log_module, "scan_log", counted)
+    return calls
+
+
+def test_a_clean_stop_saves_what_the_start_up_scan_would_find(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Start-up walks every batch of each active segment; after a clean stop it takes the
+    index saved then instead, and what it takes equals what the walk builds."""
+    from kmqkafka.store.segment import scan_log
+
+    log = ChannelLog.open(tmp_path, SMALL, 0)
+    _fill(log)
+    before = [(r.offset, r.value, r.timestamp) for r in all_records(log)]
+    log.close(save_scan=True)
+    saved = list(tmp_path.glob("*.scan"))
+    assert len(saved) == 1
+    active_file = segment_files(tmp_path)[-1]
+    base = int(active_file.name.split(".")[0])
+    fd = os.open(active_file, os.O_RDONLY)
+    try:
+        walked = scan_log(fd, active_file.stat().st_size, base, SMALL.index_interval_bytes,
+                          dense=True)
+    finally:
+        os.close(fd)
+    scans = _counting_scans(monkeypatch)
+    log = ChannelLog.open(tmp_path, SMALL, 0)
+    assert scans == [] and not list(tmp_path.glob("*.scan"))
+    active = log._active
+    got = active.builder
+    assert (active.size, log.next_sequence) == (walked.valid_size, walked.next_sequence)
+    for name in ("rels", "positions", "times", "time_rels"):
+        assert list(getattr(got, name)) == list(getattr(walked.index, name)), name
+    assert (got.max_timestamp, got.max_timestamp_rel, got._last_offset_pos,
+            got._last_time_pos) == (walked.index.max_timestamp, walked.index.max_timestamp_rel,
+                                    walked.index._last_offset_pos, walked.index._last_time_pos)
+    assert [(r.offset, r.value, r.timestamp) for r in all_records(log)] == before
+    assert log.append(make_batch(2), 0)[0] == before[-1][0] + 2
+    flush(log)
+    log.close()  # not a clean stop: the next start walks again
+    log = ChannelLog.open(tmp_path, SMALL, 0)
+    assert scans == [base]
+    log.close()
+
+
+@pytest.mark.parametrize("change", ["torn tail", "cut", "bad checksum", "stale", "rewritten"])
+def test_a_saved_scan_that_no_longer_fits_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """The saved index is taken only for the segment and the file size it was saved with:
+    otherwise the segment is walked as after a crash, and the saved file is removed."""
+    log = ChannelLog.open(tmp_path, SMALL, 0)
+    _fill(log)
+    log.close(save_scan=True)
+    (saved,) = tmp_path.glob("*.scan")
+    active_file = segment_files(tmp_path)[-1]
+    if change == "torn tail":
+        with open(active_file, "ab") as f:
+            f.write(make_batch(2)[:30])
+    elif change == "cut":
+        os.truncate(active_file, active_file.stat().st_size - 1)
+    elif change == "bad checksum":
+        data = bytearray(saved.read_bytes())
+        data[-1] ^= 1
+        saved.write_bytes(bytes(data))
+    elif change == "rewritten":  # same size, but its last batch names other offsets
+        from kmqkafka.store.segment import iter_file_batches
+
+        fd = os.open(active_file, os.O_RDONLY)
+        try:
+            *_, (last, _batch) = iter_file_batches(fd, active_file.stat().st_size)
+        finally:
+            os.close(fd)
+        data = bytearray(active_file.read_bytes())
+        data[last + 7] ^= 1  # the base offset's low byte (the CRC does not cover it)
+        active_file.write_bytes(bytes(data))
+    else:  # a scan saved for a segment that has rolled since
+        stale = saved.read_bytes()
+        log = ChannelLog.open(tmp_path, SMALL, 0)
+        log.roll()
+        log.append(make_batch(1), 0)
+        flush(log)
+        log.close()
+        saved.write_bytes(stale)
+        assert segment_files(tmp_path)[-1] != active_file
+    scans = _counting_scans(monkeypatch)
+    log = ChannelLog.open(tmp_path, SMALL, 0)
+    assert scans == [int(segment_files(tmp_path)[-1].name.split(".")[0])]
+    assert not list(tmp_path.glob("*.scan"))
+    if change in ("cut", "rewritten"):
+        assert log.truncated_bytes > 0
+    elif change == "torn tail":
+        assert log.truncated_bytes == 30
+    seqs = [r.offset for r in all_records(log)]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    assert log.append(make_batch(1), 0)[0] == log.next_sequence - 1
+    log.close()
