@@ -22,21 +22,19 @@ from typing import Any
 from kio.index import load_response_schema
 
 from kmqkafka.net import fast_bodies
-from kmqkafka.net.fast_bodies import NO_TAGS, ZERO_UUID, uvarint
+from kmqkafka.net.fast_bodies import NO_TAGS, ZERO_UUID, count, string, uvarint
 from kmqkafka.net.chunks import RecordChain
 
 API_KEY = 1
 FIRST_VERSION = 4
 LAST_VERSION = 18
 
-_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _TOP_V7 = struct.Struct(">ihi")         # throttle, error code, session id
 _PART = struct.Struct(">ihqq")          # index, error code, high watermark, last stable offset
 _PART_V5 = struct.Struct(">ihqqq")      # ... and log start offset
 _ABORTED = struct.Struct(">qq")
 _SMALL = 16 * 1024  # smaller records values are joined with the fields around them
-
 
 
 class _Encoder:
@@ -53,7 +51,7 @@ class _Encoder:
                              module.SnapshotId(end_offset=-1, epoch=-1))
 
     def _count(self, n: int) -> bytes:
-        return uvarint(n + 1) if self.flexible else _I32.pack(n)
+        return count(n, self.flexible)
 
     def __call__(self, response: Any) -> list[Any] | None:
         v = self.version
@@ -71,11 +69,7 @@ class _Encoder:
             if v >= 13:
                 pending.append(ZERO_UUID if topic.topic_id is None else topic.topic_id.bytes)
             else:
-                name = topic.topic.encode()
-                if len(name) > 0x7FFF:
-                    raise ValueError("string longer than 32767 bytes")
-                pending.append(uvarint(len(name) + 1) + name if flexible
-                               else _I16.pack(len(name)) + name)
+                pending.append(string(topic.topic, flexible))
             pending.append(self._count(len(topic.partitions)))
             for p in topic.partitions:
                 if flexible and (p.diverging_epoch, p.current_leader, p.snapshot_id) \

@@ -17,18 +17,15 @@ from typing import Any
 from kio.index import load_response_schema
 
 from kmqkafka.net import fast_bodies
-from kmqkafka.net.fast_bodies import NO_TAGS, ZERO_UUID, uvarint
+from kmqkafka.net.fast_bodies import NO_TAGS, ZERO_UUID, count, string
 
 API_KEY = 0
 FIRST_VERSION = 3
 LAST_VERSION = 13
 
-_I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _PARTITION = struct.Struct(">ihqq")       # index, error code, base offset, log append time
 _PARTITION_V5 = struct.Struct(">ihqqq")   # ... and log start offset
-_NULL_STRING = _I16.pack(-1)
-
 
 
 def _ms(value: Any) -> int:
@@ -48,15 +45,10 @@ class _Encoder:
         self.no_leader = None if leader_cls is None else leader_cls(leader_id=-1, leader_epoch=-1)
 
     def _count(self, n: int) -> bytes:
-        return uvarint(n + 1) if self.flexible else _I32.pack(n)
+        return count(n, self.flexible)
 
     def _string(self, value: str | None) -> bytes:
-        if value is None:
-            return b"\x00" if self.flexible else _NULL_STRING
-        data = value.encode()
-        if len(data) > 0x7FFF:
-            raise ValueError("string longer than 32767 bytes")
-        return (uvarint(len(data) + 1) if self.flexible else _I16.pack(len(data))) + data
+        return string(value, self.flexible)
 
     def __call__(self, response: Any) -> bytes | None:
         v = self.version

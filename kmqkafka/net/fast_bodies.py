@@ -11,6 +11,7 @@ every version.
 """
 from __future__ import annotations
 
+import struct
 from typing import Any, Callable
 
 Encoder = Callable[[Any], "bytes | list[Any] | None"]
@@ -19,6 +20,10 @@ _encoders: dict[type, Encoder] = {}
 
 NO_TAGS = b"\x00"  # an empty tagged-field section (flexible versions)
 ZERO_UUID = bytes(16)
+
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_NULL_STRING = _I16.pack(-1)
 
 
 def uvarint(n: int) -> bytes:
@@ -29,6 +34,22 @@ def uvarint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def count(n: int, flexible: bool) -> bytes:
+    """An array's length: a compact (n + 1) varint in flexible versions, else an int32."""
+    return uvarint(n + 1) if flexible else _I32.pack(n)
+
+
+def string(value: str | None, flexible: bool) -> bytes:
+    """A (nullable) string, compact in flexible versions; over 32,767 bytes is a ValueError,
+    as Kafka's writers refuse it."""
+    if value is None:
+        return b"\x00" if flexible else _NULL_STRING
+    data = value.encode()
+    if len(data) > 0x7FFF:
+        raise ValueError("string longer than 32767 bytes")
+    return (uvarint(len(data) + 1) if flexible else _I16.pack(len(data))) + data
 
 
 def register(response_type: type, encoder: Encoder) -> None:
