@@ -227,9 +227,9 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
                 return succeed(_refused(blob, index, channel, store))
             data = _log_append_time(blob, now_ms) if log_append else blob
             d = store.append_batch(channel, data, durable=durable, checked=True)  # by _check
-            d.addCallback(_counted, metric, len(blob))  # as Kafka: bytes that were stored
             d.addCallbacks(_appended, _append_failed,
-                           callbackArgs=(index, channel, store, now_ms if log_append else -1),
+                           callbackArgs=(index, channel, store, now_ms if log_append else -1,
+                                         metric, len(blob)),
                            errbackArgs=(index, channel))
             return d
 
@@ -253,12 +253,38 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
 
 
 def _gather(results: list[Deferred]) -> Deferred:
-    """``gatherResults`` of Deferreds that never fail; a lone one is only wrapped in a list
-    (most requests carry one topic and one partition, and a DeferredList costs more than
-    the rest of the answer)."""
+    """The results of Deferreds that never fail, in order, once all have fired: one
+    callback each and a countdown. A DeferredList (``gatherResults``) costs more than the
+    rest of the answer for each partition of a many-partition request; a lone Deferred is
+    only wrapped in a list."""
     if len(results) == 1:
-        return results[0].addCallback(lambda r: [r])
-    return gatherResults(results, consumeErrors=True)
+        return results[0].addCallback(_listed)
+    return _Gathered(results).done
+
+
+def _listed(result: Any) -> list[Any]:
+    return [result]
+
+
+class _Gathered:
+    """``_gather``'s countdown over several Deferreds."""
+
+    __slots__ = ("done", "_out", "_left")
+
+    def __init__(self, results: list[Deferred]) -> None:
+        self.done: Deferred = Deferred()
+        self._out: list[Any] = [None] * len(results)
+        self._left = len(results)
+        if not results:
+            self.done.callback(self._out)
+        for i, d in enumerate(results):
+            d.addCallback(self._put, i)
+
+    def _put(self, result: Any, i: int) -> None:
+        self._out[i] = result
+        self._left -= 1
+        if not self._left:
+            self.done.callback(self._out)
 
 
 def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
@@ -553,14 +579,12 @@ def _log_start(store: Any, channel: str) -> int:
         return -1
 
 
-def _counted(result: Any, metric: Any, size: int) -> Any:
+def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int, metric: Any,
+              size: int) -> _Answer:
+    """The append was applied: ``size`` bytes count in ``metric`` (as Kafka's bytes-in, only
+    what was stored). The topic may have been deleted right after it (before this answer):
+    the records were still stored, so NONE, with an unknown log start."""
     metric.inc(size)
-    return result
-
-
-def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int) -> _Answer:
-    """The append was applied. The topic may have been deleted right after it (before this
-    answer): the records were still stored, so NONE, with an unknown log start."""
     if result.duplicate:
         now_ms = result.max_timestamp  # as Kafka answers a duplicate (UnifiedLog.append)
     return (index, ErrorCode.none, result.first_sequence - 1, _log_start(store, channel),

@@ -1016,5 +1016,30 @@ def test_an_append_answered_after_its_topic_was_deleted_is_still_none() -> None:
             raise ChannelNotFound(channel)
 
     result = SimpleNamespace(duplicate=False, first_sequence=8, max_timestamp=5)
-    answer = produce_module._appended(result, 0, "kafka.gone", Deleted(), 1234)
+    counted: list[int] = []
+    metric = SimpleNamespace(inc=counted.append)
+    answer = produce_module._appended(result, 0, "kafka.gone", Deleted(), 1234, metric, 99)
     assert answer == (0, ErrorCode.none, 7, -1, 1234, None)
+    assert counted == [99]
+
+
+def test_gather_answers_in_request_order_whatever_order_the_appends_finish() -> None:
+    """A many-partition Produce answers its partitions in the request's order, though their
+    appends apply in any order; the answer waits for the last one."""
+    from twisted.internet.defer import Deferred
+
+    from kmqkafka.kafka.produce import _gather
+
+    appends = [Deferred() for _ in range(4)]
+    got: list[list[str]] = []
+    _gather(appends).addCallback(got.append)
+    for i in (2, 0, 3):
+        appends[i].callback(f"p{i}")
+    assert got == []
+    appends[1].callback("p1")
+    assert got == [["p0", "p1", "p2", "p3"]]
+    lone: list[list[str]] = []
+    only = Deferred()
+    _gather([only]).addCallback(lone.append)
+    only.callback("p0")
+    assert lone == [["p0"]]
