@@ -9,8 +9,11 @@ so a bad partition stores nothing and never fails the other partitions of the re
 are decoded only for topics with record-level rules (``_RecordRules``: compacted topics need
 keys, timestamp bounds; every refused record is named in ``record_errors``, as Kafka does);
 otherwise the only work is the header check and the CRC, and the batch
-reaches the store as the very ``bytes`` object kio decoded, with no copy. The store stamps the
-partition leader epoch (0) as it writes the batch, as Kafka does. Topics with
+reaches the store as the very ``bytes`` object kio decoded, with no copy. As Kafka's
+ReplicaManager, a refused partition carries an ``error_message`` only when records were refused
+(``RejectedRecords``); refusals from inside the log append (``AppendRefused``, the producer's
+sequence or epoch, min.insync.replicas) report the log start offset, the rest -1. The store
+stamps the partition leader epoch (0) as it writes the batch, as Kafka does. Topics with
 ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit, max
 timestamp = broker time, new CRC) in a copy of the batch; on CreateTime topics a batch whose
 header max timestamp cannot be right gets it recomputed from its records
@@ -67,8 +70,9 @@ _ATTRS = struct.Struct(">h")
 _CRC = struct.Struct(">I")
 _UTC = datetime.timezone.utc
 
-# Store refusals whose message tells the client why (the producer's sequence or epoch).
-_EXPLAINED = frozenset({ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch})
+# Store refusals Kafka's log raises while appending (the producer's sequence or epoch): the
+# answer carries the log start offset, as Kafka's ReplicaManager reports for them.
+_IN_APPEND = frozenset({ErrorCode.out_of_order_sequence_number, ErrorCode.invalid_producer_epoch})
 
 
 class _Answer(NamedTuple):
@@ -81,6 +85,20 @@ class _Answer(NamedTuple):
     append_time_ms: int
     message: str | None
     record_errors: tuple[tuple[int, str], ...] = ()
+
+
+class AppendRefused(KafkaError):
+    """A refusal Kafka raises from inside the log append (UnifiedLog, LogValidator's batch
+    checks, Partition's min.insync.replicas check) rather than while reading the request.
+
+    Kafka's ReplicaManager answers these with the partition's log start offset and, like
+    every refusal but a record-level one, no ``error_message``: the text stays in the
+    broker's log (``message``), the client sees the error code."""
+
+
+class BrokerLimit(KafkaError):
+    """A refusal of kmqkafka's own that Kafka never gives: its message is sent, since no
+    error code alone explains it."""
 
 
 class RejectedRecords(KafkaError):
@@ -133,16 +151,14 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
         if topic is None:
             return all_failed(ErrorCode.unknown_topic_id)
         if topic.name in INTERNAL_TOPICS:
-            return all_failed(ErrorCode.invalid_topic_exception,
-                              f"Cannot append to internal topic {topic.name}")
+            return all_failed(ErrorCode.invalid_topic_exception)
         return _produce_partitions(ctx, topic, partitions, acks)
     try:
         validate_topic_name(topic_key)
     except KafkaError as exc:
         return all_failed(exc.code, exc.message)
     if topic_key in INTERNAL_TOPICS:  # as Kafka's ReplicaManager, whether it exists or not
-        return all_failed(ErrorCode.invalid_topic_exception,
-                          f"Cannot append to internal topic {topic_key}")
+        return all_failed(ErrorCode.invalid_topic_exception)
     topic = topics.get(topic_key)
     if topic is not None:
         return _produce_partitions(ctx, topic, partitions, acks)
@@ -202,7 +218,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     log_append = topic.config_value("message.timestamp.type") == "LogAppendTime"
     rules = _RecordRules.of(topic, log_append)
     durable = acks == -1
-    short_isr = _short_isr(ctx, topic) if durable else None
+    short_isr = durable and _short_isr(ctx, topic)
     # The broker's clock, once per request, only for LogAppendTime and timestamp bounds.
     now_ms = int(broker.reactor.seconds() * 1000) if log_append or rules is not None else -1
     metric = broker.metrics.bytes_in(topic.name)
@@ -213,12 +229,12 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         if not 0 <= index < topic.partitions:
             out.append(succeed((index, ErrorCode.unknown_topic_or_partition, -1, -1, -1, None)))
             continue
-        if short_isr is not None:
-            out.append(succeed((index, ErrorCode.not_enough_replicas, -1, -1, -1,
-                                short_isr % f"{topic.name}-{index}")))
-            continue
         blob = p.records
         channel = channel_for(topic.name, index)
+        if short_isr:
+            out.append(succeed((index, ErrorCode.not_enough_replicas, -1,
+                                _log_start(store, channel), -1, None)))
+            continue
         name = f"{topic.name}-{index}"
 
         def append(blob: Any, index: int = index, channel: str = channel) -> Deferred:
@@ -230,7 +246,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             d.addCallbacks(_appended, _append_failed,
                            callbackArgs=(index, channel, store, now_ms if log_append else -1,
                                          metric, len(blob)),
-                           errbackArgs=(index, channel))
+                           errbackArgs=(index, channel, store))
             return d
 
         try:
@@ -311,14 +327,20 @@ def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
 
 
 def _refused(failure: Failure, index: int, channel: str, store: Any) -> _Answer:
-    """The answer for a batch refused before its append."""
+    """The answer for a batch refused before its append. As Kafka's ReplicaManager: only a
+    refusal of records (RecordValidationException) sends its message, with the bad records;
+    it and a refusal from inside the log append report the log start offset; a refusal of
+    the request's batch as such (size, CRC, format) reports neither."""
     exc = failure.value
     if isinstance(exc, RejectedRecords):
-        # As Kafka, a refusal of records (not of the batch) reports the log start offset.
         return _Answer(index, exc.code, -1, _log_start(store, channel), -1, exc.message,
                        exc.record_errors)
-    if isinstance(exc, KafkaError):
+    if isinstance(exc, AppendRefused):
+        return _Answer(index, exc.code, -1, _log_start(store, channel), -1, None)
+    if isinstance(exc, BrokerLimit):
         return _Answer(index, exc.code, -1, -1, -1, exc.message)
+    if isinstance(exc, KafkaError):
+        return _Answer(index, exc.code, -1, -1, -1, None)
     log.failure("checking a batch for {channel} failed", failure, channel=channel)
     return _Answer(index, ErrorCode.unknown_server_error, -1, -1, -1, None)
 
@@ -360,7 +382,7 @@ class _RecordRules:
         if count > MAX_CHECKED_RECORDS:
             # Decoding runs on the reactor: 10 KB of zstd holding 15 M keyed records held it
             # for 55 s. Clients batch far fewer (librdkafka: 10,000 by default).
-            raise KafkaError(ErrorCode.invalid_record,
+            raise BrokerLimit(ErrorCode.invalid_record,
                              f"{count} records in one batch; a topic whose records the broker "
                              f"checks takes at most {MAX_CHECKED_RECORDS} per batch")
         refused: list[tuple[int, str]] = []
@@ -419,18 +441,15 @@ def _timestamp_bound(topic: Topic, name: str, diff: str | None) -> int:
     return int(explicit if explicit is not None else TOPIC_CONFIG_DEFAULTS[name])
 
 
-def _short_isr(ctx: RequestContext, topic: Topic) -> str | None:
-    """Kafka's acks=all refusal when the in-sync replicas (the live members) are fewer than
-    the topic's ``min.insync.replicas``: the message (with ``%s`` for the partition), or None."""
+def _short_isr(ctx: RequestContext, topic: Topic) -> bool:
+    """Kafka's acks=all refusal applies: the in-sync replicas (the live members) are fewer
+    than the topic's ``min.insync.replicas``."""
     min_isr = int(topic.config_value("min.insync.replicas") or 1)
     if min_isr <= 1:
-        return None
+        return False
     _replicas, isr, _offline = identity.replicas(
         ctx.broker, identity.brokers(ctx.broker, ctx.listener))
-    if len(isr) >= min_isr:
-        return None
-    return (f"The size of the current ISR {len(isr)} is insufficient to satisfy the min.isr "
-            f"requirement of {min_isr} for partition %s")
+    return len(isr) < min_isr
 
 
 def _check(blob: bytes | None, limit: int, version: int,
@@ -462,7 +481,7 @@ def _check(blob: bytes | None, limit: int, version: int,
         raise KafkaError(ErrorCode.invalid_record, f"Produce requests with version {version} "
                          "are only allowed to contain exactly one record batch per partition")
     if header.base_offset != 0:
-        raise KafkaError(ErrorCode.invalid_record, "The baseOffset of the record batch should "
+        raise AppendRefused(ErrorCode.invalid_record, "The baseOffset of the record batch should "
                          f"be 0, but it is {header.base_offset}")
     if header.size > limit:
         raise KafkaError(ErrorCode.message_too_large,
@@ -476,13 +495,14 @@ def _check(blob: bytes | None, limit: int, version: int,
     except records.InvalidBatch as exc:
         raise KafkaError(error_code_for(exc), str(exc)) from None
     if header.attributes & records.CONTROL_FLAG:
-        raise KafkaError(ErrorCode.invalid_record, "clients may not produce control batches")
+        raise AppendRefused(ErrorCode.invalid_record,
+                            "Clients are not allowed to write control records")
     if header.producer_id >= 0 and header.base_sequence < 0:
-        raise KafkaError(ErrorCode.invalid_record,
+        raise AppendRefused(ErrorCode.invalid_record,
                          f"Invalid sequence number {header.base_sequence} in record batch "
                          f"with producerId {header.producer_id}")
     if header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
-        raise KafkaError(ErrorCode.invalid_record,
+        raise AppendRefused(ErrorCode.invalid_record,
                          f"Inconsistent batch offset range [0, {header.last_offset_delta}] "
                          f"and count of records {header.records_count}")
     return header
@@ -591,7 +611,7 @@ def _appended(result: Any, index: int, channel: str, store: Any, now_ms: int, me
             now_ms, None)
 
 
-def _append_failed(failure: Any, index: int, channel: str) -> _Answer:
+def _append_failed(failure: Any, index: int, channel: str, store: Any) -> _Answer:
     exc = failure.value
     inner = getattr(exc, "subFailure", None)  # FirstError from gatherResults
     if inner is not None:
@@ -599,8 +619,8 @@ def _append_failed(failure: Any, index: int, channel: str) -> _Answer:
     code = error_code_for(exc)
     if code is ErrorCode.unknown_server_error:
         log.failure("append to {channel} failed", failure, channel=channel)
-    message = str(exc) if code in _EXPLAINED else None
-    return (index, code, -1, -1, -1, message)
+    log_start = _log_start(store, channel) if code in _IN_APPEND else -1
+    return (index, code, -1, log_start, -1, None)
 
 
 def _respond(per_topic: list[list[_Answer]], keys: list[Any], ctx: RequestContext) -> Any:

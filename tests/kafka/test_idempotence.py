@@ -123,8 +123,9 @@ def test_a_sequence_gap_is_out_of_order_and_stores_nothing(shared: BrokerProcess
     produce(port, topic, idem(pid, epoch, 0, 2))
     gap = produce(port, topic, idem(pid, epoch, 5))
     assert gap.error_code is E.out_of_order_sequence_number
-    assert gap.base_offset == -1
-    assert "5 (incoming seq. number), 1 (current end sequence number)" in gap.error_message
+    # As Kafka's ReplicaManager answers OutOfOrderSequenceException: the log start offset,
+    # no error message.
+    assert (gap.base_offset, gap.log_start_offset, gap.error_message) == (-1, 0, None)
     assert produce(port, topic, idem(pid, epoch, 2)).base_offset == 2
     assert len(stored(port, topic)) == 3
 
@@ -136,11 +137,10 @@ def test_an_old_epoch_is_refused_and_a_new_epoch_restarts_at_zero(shared: Broker
     bumped = epoch + 1  # KIP-360: an idempotent producer bumps its own epoch
     not_zero = produce(port, topic, idem(pid, bumped, 4))
     assert not_zero.error_code is E.out_of_order_sequence_number
-    assert "new epoch" in not_zero.error_message
     assert produce(port, topic, idem(pid, bumped, 0, 2)).base_offset == 4
     old = produce(port, topic, idem(pid, epoch, 4))
-    assert old.error_code is E.invalid_producer_epoch
-    assert f"smaller than the last seen epoch {bumped}" in old.error_message
+    assert (old.error_code, old.log_start_offset, old.error_message) == (
+        E.invalid_producer_epoch, 0, None)
     # A retry of an old-epoch batch is no duplicate any more: the epoch is checked.
     assert produce(port, topic, idem(pid, epoch, 0, 4)).error_code is E.invalid_producer_epoch
     assert len(stored(port, topic)) == 6
@@ -168,8 +168,7 @@ def test_a_duplicate_on_a_log_append_time_topic_reports_the_original_append_time
 
 def test_a_producer_id_without_a_sequence_is_an_invalid_record(shared: BrokerProcess):
     answer = produce(shared.kafka_port, unique("noseq"), idem(7, 0, -1))
-    assert answer.error_code is E.invalid_record
-    assert "Invalid sequence number -1" in answer.error_message
+    assert (answer.error_code, answer.error_message) == (E.invalid_record, None)
 
 
 def test_an_unknown_producer_may_start_anywhere_and_plain_batches_are_unchecked(

@@ -197,9 +197,9 @@ def test_produce_v3_plus_rules_for_the_records_blob(raw: Raw) -> None:
     topic = unique("rules")
     produce(raw, topic, {0: batch()})
     answers = [produce(raw, topic, {0: blob})[0] for blob in (batch(2) + batch(1), b"")]
-    assert [a.error_code for a in answers] == [E.invalid_record, E.invalid_record]
-    assert answers[0].error_message == ("Produce requests with version 9 are only allowed to "
-                                        "contain exactly one record batch per partition")
+    # Refused while Kafka reads the request: no message, no log start offset.
+    assert [(a.error_code, a.error_message, a.log_start_offset) for a in answers] == \
+        [(E.invalid_record, None, -1)] * 2
     zstd = batch(2, compression=records.COMPRESSION_ZSTD)
     assert produce(raw, topic, {0: zstd}, version=6)[0].error_code \
         is E.unsupported_compression_type
@@ -209,12 +209,13 @@ def test_produce_v3_plus_rules_for_the_records_blob(raw: Raw) -> None:
         struct.pack_into(">i", bad, 57, count)   # records count
         struct.pack_into(">I", bad, 17, records.crc32c(memoryview(bad)[21:]))
         answer = produce(raw, topic, {0: bytes(bad)})[0]
-        assert answer.error_code is E.invalid_record
-        assert answer.error_message.startswith("Inconsistent batch offset range")
+        # Refused by the log (LogValidator): the log start offset, still no message.
+        assert (answer.error_code, answer.error_message, answer.log_start_offset) == \
+            (E.invalid_record, None, 0)
     moved = build_batch([NewRecord(value=b"v")], now_ms=0, base_offset=42)
     answer = produce(raw, topic, {0: moved})[0]  # Kafka: a client's batch starts at 0
-    assert (answer.error_code, answer.error_message) == (
-        E.invalid_record, "The baseOffset of the record batch should be 0, but it is 42")
+    assert (answer.error_code, answer.error_message, answer.log_start_offset) == (
+        E.invalid_record, None, 0)
     assert list_offsets(raw, topic, {0: -1})[0].offset == 1  # nothing of those stored
     assert produce(raw, topic, {0: zstd}, version=7)[0].base_offset == 1
 
@@ -376,7 +377,31 @@ def test_message_size_limit_on_both_sides(raw: Raw) -> None:
     exact, over = sized(MAX_MESSAGE_BYTES), sized(MAX_MESSAGE_BYTES + 1)
     assert (len(exact), len(over)) == (MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES + 1)
     assert produce(raw, topic, {0: exact})[0].error_code is E.none
-    assert produce(raw, topic, {0: over})[0].error_code is E.message_too_large
+    refused = produce(raw, topic, {0: over})[0]
+    # Kafka's RecordTooLargeException: neither a message nor the log start offset.
+    assert (refused.error_code, refused.error_message, refused.log_start_offset) == (
+        E.message_too_large, None, -1)
+
+
+def test_a_client_sees_kafkas_own_error_for_an_oversized_batch(broker: BrokerProcess,
+                                                                raw: Raw) -> None:
+    """Kafka's ReplicaManager sends an error_message only for refused records, so a client
+    reports a refused batch with its own text for the code (kafka-python raises the error
+    with no argument), never a broker's sentence."""
+    from kafka import KafkaProducer
+    from kafka.errors import MessageSizeTooLargeError
+
+    topic = unique("too-large")
+    create_topic(raw, topic, max_message_bytes="2000")
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, retries=0, linger_ms=0,
+                             max_request_size=1 << 20, request_timeout_ms=5000)
+    try:
+        with pytest.raises(MessageSizeTooLargeError) as refused:
+            producer.send(topic, value=b"x" * 3000).get(timeout=10)
+        assert refused.value.args in ((), (None,)), refused.value.args
+        assert producer.send(topic, value=b"small").get(timeout=10).offset == 0
+    finally:
+        producer.close(timeout=5)
 
 
 def test_acks_zero_has_no_response_and_bad_acks_are_refused(raw: Raw) -> None:
