@@ -4,8 +4,11 @@ Group validation and storage live in ``kmqkafka.coordinators.group.GroupCoordina
 module checks what is per partition (topic exists, partition in range, metadata size) and builds
 responses. Commits answer only once durable. Per-partition errors never fail the whole request.
 
-* OffsetCommit v2–v9: a generation of -1 with no member id is a standalone ("simple") commit,
-  accepted only while the group has no members; otherwise the member and generation must match
+* OffsetCommit v2–v9: partitions of unknown topics answer UNKNOWN_TOPIC_OR_PARTITION before
+  the group is consulted (a commit naming only those neither fails on nor creates a group,
+  as in Kafka, whose KafkaApis filters them out). A generation of -1 with no member id is a
+  standalone ("simple") commit, accepted only while the group has no members; otherwise the
+  member and generation must match
   (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS while
   completing a rebalance). v10 (topic ids, KIP-848 era) is not offered.
 * OffsetFetch v1–v9: all committed partitions when ``topics`` is null (v2+), several groups per
@@ -46,16 +49,17 @@ def _partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCo
 def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
     t = types_of(ctx)
     c = coordinator(ctx.broker)
-    generation = int(getattr(request, "generation_id_or_member_epoch", -1))
-    cg = _consumer_groups(ctx)
-    if cg is not None and cg.owns(request.group_id):
-        # KIP-848 group: the generation field carries the member epoch.
-        group_error = cg.validate_commit(request.group_id, request.member_id, generation,
-                                         ctx.api_version)
-    else:
-        group_error, _ = c.validate_commit(request.group_id, generation, request.member_id,
-                                           getattr(request, "group_instance_id", None),
-                                           ctx.api_version)
+    # As Kafka's KafkaApis: partitions of unknown topics are answered before the coordinator
+    # sees the request, so their error wins over the group's, and a request naming nothing
+    # else never reaches it (it neither fails on the group nor creates one).
+    unknown = {(topic.name, int(p.partition_index))
+               for topic in request.topics for p in topic.partitions
+               if _partition_error(ctx, topic.name, int(p.partition_index))
+               is not ErrorCode.none}
+    group_error = ErrorCode.none
+    if any((topic.name, int(p.partition_index)) not in unknown
+           for topic in request.topics for p in topic.partitions):
+        group_error = _validate_commit(request, ctx, c)
     now_ms = int(ctx.broker.reactor.seconds() * 1000)
     results: list[tuple[str, list[tuple[int, ErrorCode]]]] = []
     commits: list[tuple[str, int, CommittedOffset]] = []
@@ -63,8 +67,8 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
         row: list[tuple[int, ErrorCode]] = []
         for p in topic.partitions:
             code = group_error
-            if code is ErrorCode.none:
-                code = _partition_error(ctx, topic.name, int(p.partition_index))
+            if (topic.name, int(p.partition_index)) in unknown:
+                code = ErrorCode.unknown_topic_or_partition
             # Kafka stores a null metadata as "" (OffsetAndMetadata.NO_METADATA), so
             # OffsetFetch never answers null for a committed partition.
             metadata = p.committed_metadata or ""
@@ -93,6 +97,19 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
     d.addCallbacks(lambda _: respond(ErrorCode.none),
                    lambda f: respond(ErrorCode.coordinator_not_available))
     return d
+
+
+def _validate_commit(request: Any, ctx: RequestContext, c: Any) -> ErrorCode:
+    """The group's verdict on an OffsetCommit (the coordinator may create a simple group)."""
+    generation = int(getattr(request, "generation_id_or_member_epoch", -1))
+    cg = _consumer_groups(ctx)
+    if cg is not None and cg.owns(request.group_id):
+        # KIP-848 group: the generation field carries the member epoch.
+        return cg.validate_commit(request.group_id, request.member_id, generation,
+                                  ctx.api_version)
+    error, _ = c.validate_commit(request.group_id, generation, request.member_id,
+                                 getattr(request, "group_instance_id", None), ctx.api_version)
+    return error
 
 
 def _java_length(text: str) -> int:
