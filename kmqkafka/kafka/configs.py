@@ -167,7 +167,8 @@ _DOCS: dict[str, str] = {
     "min.insync.replicas": "Live replicas (Raft members) an acks=all write needs, else "
                            "NOT_ENOUGH_REPLICAS.",
     "preallocate": "Preallocate segment files (accepted; segments grow as written).",
-    "remote.storage.enable": "Tiered storage switch (accepted; no tiered storage here).",
+    "remote.storage.enable": "Tiered storage switch: only false here (no tiered storage; "
+                             "true is INVALID_CONFIG, as on a Kafka broker without it).",
     "remote.log.copy.disable": "Tiered storage copy switch (accepted; no tiered storage).",
     "remote.log.delete.on.disable": "Tiered storage clean-up switch (accepted; no tiered "
                                     "storage).",
@@ -483,11 +484,11 @@ def _alter_resource(ctx: RequestContext, topics: TopicCatalog, res: Any, increme
         op = c.config_operation
         plain, value = _set_or_delete(c)
         if plain:
+            if value is None and c.name not in TOPIC_CONFIG_DEFAULTS:
+                continue  # Kafka: deleting a config that is not set changes nothing
             changes[c.name] = value
         elif op in (OP_APPEND, OP_SUBTRACT):
-            if c.name not in TOPIC_CONFIG_DEFAULTS:
-                raise KafkaError(ErrorCode.invalid_config, f"Unknown topic config name: {c.name}")
-            if _TOPIC_TYPES.get(c.name, LONG) != LIST:
+            if c.name not in TOPIC_CONFIG_DEFAULTS or _TOPIC_TYPES.get(c.name, LONG) != LIST:
                 verb = "APPEND" if op == OP_APPEND else "SUBTRACT"
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Can't {verb} to key {c.name} because its type is not LIST.")

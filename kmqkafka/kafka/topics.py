@@ -16,6 +16,7 @@ import json
 import re
 import resource
 import uuid
+from decimal import Decimal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -104,17 +105,19 @@ _INT_CONFIGS = {
     "local.retention.bytes", "local.retention.ms", "message.timestamp.difference.max.ms",
 }
 
-# Lower bounds as Kafka's LogConfig states them (0 unless listed).
-_MINIMUMS = {
+# Lower bounds as Kafka's LogConfig states them (0 unless listed; None: no bound, as
+# retention.bytes, where any negative value means no limit).
+_MINIMUMS: dict[str, int | None] = {
     # segment.bytes: 1 MiB since Kafka 4.0 (KIP-1030; it was 14 bytes).
-    "retention.ms": -1, "retention.bytes": -1, "segment.bytes": 1 << 20, "segment.ms": 1,
+    "retention.ms": -1, "retention.bytes": None, "segment.bytes": 1 << 20, "segment.ms": 1,
     "segment.index.bytes": 4, "min.insync.replicas": 1, "flush.messages": 1,
     "max.compaction.lag.ms": 1, "local.retention.bytes": -2, "local.retention.ms": -2,
-    "compression.gzip.level": -1, "compression.lz4.level": 1, "compression.zstd.level": -131072,
+    "compression.lz4.level": 1, "compression.zstd.level": -131072,
 }
 # Upper bounds below the type's own maximum.
-_MAXIMUMS = {"compression.gzip.level": 9, "compression.lz4.level": 17,
-             "compression.zstd.level": 22}
+_MAXIMUMS = {"compression.lz4.level": 17, "compression.zstd.level": 22}
+# gzip's level is 1..9 or -1 (zlib's default), never 0 (Kafka's GZIP level validator).
+_GZIP_LEVELS = range(1, 10)
 _INT32_CONFIGS = {"index.interval.bytes", "max.message.bytes", "min.insync.replicas",
                   "segment.bytes", "segment.index.bytes", "compression.gzip.level",
                   "compression.lz4.level", "compression.zstd.level"}
@@ -127,7 +130,17 @@ _JAVA_INTEGER = re.compile(r"[+-]?[0-9]+")
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
 
-_COMPRESSION_TYPES = {"producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"}
+# Valid strings in the order Kafka lists them in its "String must be one of" messages.
+_CHOICES = {
+    "compression.type": ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+    "message.timestamp.type": ("CreateTime", "LogAppendTime"),
+}
+_CLEANUP_POLICIES = ("compact", "delete")
+_THROTTLED_REPLICAS = {"leader.replication.throttled.replicas",
+                       "follower.replication.throttled.replicas"}
+_THROTTLED_ENTRY = re.compile(r"([0-9]+:[0-9]+)?")
+# Java's Double.parseDouble after ConfigDef trims (NaN is left out: no ratio can use it).
+_JAVA_DOUBLE = re.compile(r"[+-]?(Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?[fFdD]?)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +183,8 @@ def validate_topic_name(name: str | None) -> None:
 def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
     """Check Kafka topic configs; return the LogConfig changes they imply.
 
-    Raises KafkaError(INVALID_CONFIG) naming the first bad entry.
+    Raises KafkaError(INVALID_CONFIG) naming the first bad entry, worded as Kafka's
+    ConfigDef words it: "Invalid value V for configuration N: why".
     """
     changes: dict[str, Any] = {}
     for name, value in configs.items():
@@ -179,56 +193,96 @@ def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:
         if value is None:
             value = TOPIC_CONFIG_DEFAULTS[name]
         if name in _INT_CONFIGS:
-            int32 = name in _INT32_CONFIGS
-            kind = "INT" if int32 else "LONG"
-            text = value.strip()
-            top = _INT32_MAX if int32 else _INT64_MAX
-            number = int(text) if _JAVA_INTEGER.fullmatch(text) else None
-            if number is None or not -top - 1 <= number <= top:
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}: "
-                                 f"Not a number of type {kind}")
-            lowest = _MINIMUMS.get(name, 0)
-            if number < lowest:
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}: "
-                                 f"Value must be at least {lowest}")
-            highest = _MAXIMUMS.get(name)
-            if highest is not None and number > highest:
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}: "
-                                 f"Value must be no more than {highest}")
+            number = _check_integer(name, value)
             field_name = _LOG_FIELDS.get(name)
             if field_name is not None:
-                changes[field_name] = None if number == -1 else number
+                # Kafka: a negative retention.bytes (and retention.ms -1) means no limit.
+                changes[field_name] = None if number < 0 else number
         elif name == "cleanup.policy":
-            parts = [p.strip() for p in value.split(",") if p.strip()]
-            if not parts or any(p not in ("delete", "compact") for p in parts):
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration cleanup.policy")
+            parts = _java_list(value)
+            for part in parts:
+                if part not in _CLEANUP_POLICIES:
+                    raise _invalid(name, part, "String must be one of: "
+                                   + ", ".join(_CLEANUP_POLICIES))
+            # An empty list is valid in Kafka: segments are neither deleted nor compacted.
             changes["cleanup_policy"] = ",".join(sorted(set(parts)))
-        elif name == "compression.type":
-            if value not in _COMPRESSION_TYPES:
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration compression.type")
-        elif name == "message.timestamp.type":
-            if value not in ("CreateTime", "LogAppendTime"):
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration message.timestamp.type")
+        elif name in _CHOICES:
+            if value not in _CHOICES[name]:
+                raise _invalid(name, value, "String must be one of: " + ", ".join(_CHOICES[name]))
         elif name == "min.cleanable.dirty.ratio":
-            try:
-                ratio = float(value)
-            except ValueError:
-                ratio = -1.0
-            if not 0.0 <= ratio <= 1.0:
-                raise KafkaError(ErrorCode.invalid_config,
-                                 f"Invalid value {value} for configuration {name}: "
-                                 "Value must be between 0 and 1")
-            changes["min_cleanable_dirty_ratio"] = ratio
+            changes["min_cleanable_dirty_ratio"] = _check_ratio(name, value)
         elif name in _BOOLEAN_CONFIGS:
             if value.strip().lower() not in ("true", "false"):
-                raise KafkaError(ErrorCode.invalid_config, f"Invalid value {value} for configuration {name}")
+                raise _invalid(name, value, "Expected value to be either true or false")
+        elif name in _THROTTLED_REPLICAS:
+            parts = _java_list(value)
+            if not (all(_THROTTLED_ENTRY.fullmatch(p) for p in parts) or "".join(parts) == "*"):
+                raise _invalid(name, "[" + ", ".join(parts) + "]",
+                               f"{name} must be the literal '*' or a list of replicas in the "
+                               "following format: [partitionId]:[brokerId],[partitionId]:"
+                               "[brokerId],...")
     return changes
+
+
+def _invalid(name: str, value: object, why: str) -> KafkaError:
+    """Kafka's ConfigException wording (the value is the parsed one where Kafka had parsed it)."""
+    return KafkaError(ErrorCode.invalid_config,
+                      f"Invalid value {value} for configuration {name}: {why}")
+
+
+def _java_list(value: str) -> list[str]:
+    """ConfigDef's LIST parsing: trimmed, split on commas with the spaces around them; an empty
+    string is the empty list and an empty element stays (and fails validation)."""
+    trimmed = value.strip()
+    return re.split(r"\s*,\s*", trimmed) if trimmed else []
+
+
+def _check_integer(name: str, value: str) -> int:
+    """Parse an INT or LONG config as Java does and apply its range validator."""
+    int32 = name in _INT32_CONFIGS
+    top = _INT32_MAX if int32 else _INT64_MAX
+    text = value.strip()
+    number = int(text) if _JAVA_INTEGER.fullmatch(text) else None
+    if number is None or not -top - 1 <= number <= top:
+        raise _invalid(name, value, f"Not a number of type {'INT' if int32 else 'LONG'}")
+    if name == "compression.gzip.level":
+        if number != -1 and number not in _GZIP_LEVELS:
+            raise _invalid(name, number, "Value must be between 1 and 9 or equal to -1")
+        return number
+    lowest = _MINIMUMS.get(name, 0)
+    if lowest is not None and number < lowest:
+        raise _invalid(name, number, f"Value must be at least {lowest}")
+    highest = _MAXIMUMS.get(name)
+    if highest is not None and number > highest:
+        raise _invalid(name, number, f"Value must be no more than {highest}")
+    return number
+
+
+def _check_ratio(name: str, value: str) -> float:
+    """A DOUBLE between 0 and 1, parsed and reported as Java does (2 is "2.0")."""
+    text = value.strip()
+    if not _JAVA_DOUBLE.fullmatch(text):
+        raise _invalid(name, value, "Not a number of type DOUBLE")
+    ratio = float(text.rstrip("fFdD"))
+    if ratio < 0.0:
+        raise _invalid(name, _java_double(ratio), "Value must be at least 0")
+    if ratio > 1.0:
+        raise _invalid(name, _java_double(ratio), "Value must be no more than 1")
+    return ratio
+
+
+def _java_double(x: float) -> str:
+    """Java's Double.toString: plain between 1e-3 and 1e7, else "d.dddE±n"."""
+    if x != x:
+        return "NaN"
+    if x in (float("inf"), float("-inf")):
+        return "Infinity" if x > 0 else "-Infinity"
+    if x == 0 or 1e-3 <= abs(x) < 1e7:
+        return repr(x)  # Python writes these plainly too, with the same shortest digits
+    sign, digits, exponent = Decimal(repr(x)).normalize().as_tuple()
+    text = "".join(map(str, digits))
+    return (f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}"
+            f"E{len(text) - 1 + int(exponent)}")
 
 
 _LOG_FIELDS = {
@@ -254,6 +308,7 @@ def _all_log_changes(configs: Mapping[str, str]) -> dict[str, Any]:
     merged = {name: configs.get(name, default) for name, default in TOPIC_CONFIG_DEFAULTS.items()}
     changes = validate_configs(merged)
     _check_compaction_lags(merged)
+    _check_remote_storage(merged)
     return changes
 
 
@@ -265,6 +320,16 @@ def _check_compaction_lags(merged: Mapping[str, str | None]) -> None:
         raise KafkaError(ErrorCode.invalid_config,
                          f"conflict topic config setting min.compaction.lag.ms ({least}) > "
                          f"max.compaction.lag.ms ({most})")
+
+
+def _check_remote_storage(merged: Mapping[str, str | None]) -> None:
+    """Kafka refuses remote.storage.enable=true unless the broker runs tiered storage
+    (remote.log.storage.system.enable, false by default); this broker has none, so the
+    switch is accepted only off (LogConfig.validateRemoteStorageOnlyIfSystemEnabled)."""
+    if str(merged["remote.storage.enable"]).strip().lower() == "true":
+        raise KafkaError(ErrorCode.invalid_config,
+                         "Tiered Storage functionality is disabled in the broker. Topic cannot be "
+                         "configured with remote log storage.")
 
 
 # Descriptors a partition holds: its active segment's writer and reader, and one more for the

@@ -527,3 +527,82 @@ def test_a_topic_created_and_altered_just_before_kill_9_is_whole_after_restart(
         assert sorted(offsets) == [(None, p, 0) for p in range(4)]
     finally:
         b.stop()
+
+
+# --- Kafka's validation of topic config values ------------------------------------------
+
+# What a Kafka 3.x/4.x broker answers for each bad value: ConfigDef's wording, with the value
+# as it was parsed ("2.0", a list in brackets) where the validator saw the parsed one.
+_KAFKA_WORDING = {
+    ("cleanup.policy", "foo"):
+        "Invalid value foo for configuration cleanup.policy: String must be one of: compact, "
+        "delete",
+    ("compression.type", "brotli"):
+        "Invalid value brotli for configuration compression.type: String must be one of: "
+        "uncompressed, zstd, lz4, snappy, gzip, producer",
+    ("message.timestamp.type", "Foo"):
+        "Invalid value Foo for configuration message.timestamp.type: String must be one of: "
+        "CreateTime, LogAppendTime",
+    ("preallocate", "yes"):
+        "Invalid value yes for configuration preallocate: Expected value to be either true or "
+        "false",
+    ("min.cleanable.dirty.ratio", "2"):
+        "Invalid value 2.0 for configuration min.cleanable.dirty.ratio: Value must be no more "
+        "than 1",
+    ("min.cleanable.dirty.ratio", "half"):
+        "Invalid value half for configuration min.cleanable.dirty.ratio: Not a number of type "
+        "DOUBLE",
+    ("compression.gzip.level", "0"):
+        "Invalid value 0 for configuration compression.gzip.level: Value must be between 1 and "
+        "9 or equal to -1",
+    ("segment.bytes", " 100 "):
+        "Invalid value 100 for configuration segment.bytes: Value must be at least 1048576",
+    ("leader.replication.throttled.replicas", "0:1,1:x"):
+        "Invalid value [0:1, 1:x] for configuration leader.replication.throttled.replicas: "
+        "leader.replication.throttled.replicas must be the literal '*' or a list of replicas "
+        "in the following format: [partitionId]:[brokerId],[partitionId]:[brokerId],...",
+    ("remote.storage.enable", "true"):
+        "Tiered Storage functionality is disabled in the broker. Topic cannot be configured "
+        "with remote log storage.",
+}
+
+
+def test_bad_config_values_are_worded_as_kafka_words_them(admin: AdminClient) -> None:
+    """INVALID_CONFIG carries ConfigDef's reason after the value; tiered storage is refused
+    as by a Kafka broker without it, and gzip level 0 is not a level Kafka takes."""
+    topics = [NewTopic(f"wording-{i}", 1, config={name: value})
+              for i, (name, value) in enumerate(_KAFKA_WORDING)]
+    futures = admin.create_topics(topics)
+    for topic, expected in zip(topics, _KAFKA_WORDING.values()):
+        assert failure(futures[topic.topic]) == (40, expected)
+
+
+def test_negative_retention_bytes_and_an_empty_cleanup_policy_are_valid(
+        kafka: BrokerProcess, admin: AdminClient) -> None:
+    """Kafka puts no bound on retention.bytes (any negative size is no limit) and takes an
+    empty cleanup.policy list: segments are then neither deleted nor compacted."""
+    make_topic(admin, "kafka-valid", config={"retention.bytes": "-2", "cleanup.policy": ""})
+    described = describe(admin, "kafka-valid")
+    assert described["retention.bytes"].value == "-2"
+    assert described["cleanup.policy"].value == ""
+    stored = channel_config(kafka, "kafka-valid", 0)
+    assert stored["retention_bytes"] is None and stored["cleanup_policy"] == ""
+
+
+def test_incremental_delete_of_an_unknown_name_changes_nothing(admin: AdminClient) -> None:
+    """Kafka's controller answers NONE for DELETE of a config that is not set (even one it
+    does not know), says "type is not LIST" to APPEND on an unknown name, and accepts a
+    SUBTRACT that empties cleanup.policy."""
+    make_topic(admin, "iac-unknown", config={"cleanup.policy": "delete"})
+
+    def alter(name: str, value: str | None, op: AlterConfigOpType) -> Any:
+        resource = ConfigResource("topic", "iac-unknown", incremental_configs=[
+            ConfigEntry(name, value, incremental_operation=op)])
+        (future,) = admin.incremental_alter_configs([resource]).values()
+        return future
+
+    alter("no.such.config", None, AlterConfigOpType.DELETE).result(WAIT)
+    assert failure(alter("no.such.config", "x", AlterConfigOpType.APPEND)) == (
+        40, "Can't APPEND to key no.such.config because its type is not LIST.")
+    alter("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT).result(WAIT)
+    assert describe(admin, "iac-unknown")["cleanup.policy"].value == ""
