@@ -81,8 +81,9 @@ def test_authorized_operations_are_every_operation_when_asked(admin: AdminClient
         (future,) = admin.describe_consumer_groups(
             [group], include_authorized_operations=True).values()
         desc = future.result(WAIT)
+        # Kafka 4's AclEntry: a group also has DESCRIBE_CONFIGS and ALTER_CONFIGS.
         assert {op.name for op in desc.authorized_operations or ()} == {
-            "READ", "DELETE", "DESCRIBE"}
+            "READ", "DELETE", "DESCRIBE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"}
     finally:
         c.close()
 
@@ -115,3 +116,17 @@ def test_elect_leaders_finds_nothing_to_elect(admin: AdminClient) -> None:
     result = admin.elect_leaders(ElectionType.PREFERRED, wanted).result(WAIT)
     codes = {tp.partition: err.code() if err else None for tp, err in result.items()}
     assert codes == {0: 84, 1: 84, 9: 3}  # ELECTION_NOT_NEEDED, UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_cluster_operations_are_kafkas_seven(shared_broker: BrokerProcess) -> None:
+    """With no authorizer Kafka reports AclEntry.supportedOperations(CLUSTER): seven
+    operations, without the token ones (those belong to the USER resource type)."""
+    from kafka.admin import KafkaAdminClient
+
+    k = KafkaAdminClient(bootstrap_servers=shared_broker.bootstrap, request_timeout_ms=10000)
+    try:
+        ops = k.describe_cluster()["authorized_operations"]
+    finally:
+        k.close()
+    assert set(ops) == {"CREATE", "ALTER", "DESCRIBE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS",
+                        "ALTER_CONFIGS", "IDEMPOTENT_WRITE"}
