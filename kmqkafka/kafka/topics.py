@@ -162,22 +162,25 @@ class Topic:
 
 
 def validate_topic_name(name: str | None) -> None:
-    """Kafka's topic-name rules, plus ``~`` which the channel grammar reserves."""
+    """Kafka's topic-name rules with Kafka 3.x/4.x's wording (``Topic.validate``: "Topic name
+    is invalid: <reason>"). ``~``, which the channel grammar reserves as the partition
+    separator, is no legal Kafka character either."""
+    reason = _invalid_name_reason(name or "")
+    if reason is not None:
+        raise KafkaError(ErrorCode.invalid_topic_exception, f"Topic name is invalid: {reason}")
+
+
+def _invalid_name_reason(name: str) -> str | None:
     if not name:
-        raise KafkaError(ErrorCode.invalid_topic_exception, "Topic name is illegal, it can't be empty")
+        return "the empty string is not allowed"
     if name in (".", ".."):
-        raise KafkaError(ErrorCode.invalid_topic_exception,
-                         "Topic name cannot be \".\" or \"..\"")
+        return f"'{name}' is not allowed"
     if len(name) > MAX_TOPIC_NAME:
-        raise KafkaError(ErrorCode.invalid_topic_exception,
-                         f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME} characters")
-    if "~" in name:
-        raise KafkaError(ErrorCode.invalid_topic_exception,
-                         "Topic name is illegal: '~' is reserved as the partition separator")
-    if not _LEGAL_TOPIC.match(name):
-        raise KafkaError(ErrorCode.invalid_topic_exception,
-                         f"Topic name \"{name}\" is illegal, it contains a character other than "
-                         "ASCII alphanumerics, '.', '_' and '-'")
+        return f"the length of '{name}' is longer than the max allowed length {MAX_TOPIC_NAME}"
+    if not _LEGAL_TOPIC.fullmatch(name):  # match() would let a trailing newline through
+        return (f"'{name}' contains one or more characters other than ASCII alphanumerics, "
+                "'.', '_' and '-'")
+    return None
 
 
 def validate_configs(configs: Mapping[str, str | None]) -> dict[str, Any]:

@@ -170,6 +170,25 @@ def test_every_advertised_create_and_delete_version(kafka: BrokerProcess, versio
     assert [(r.name, r.error_code) for r in deleted.responses] == [(name, ErrorCode.none)]
 
 
+def test_illegal_topic_names_are_worded_as_kafka_3_and_4(admin: AdminClient) -> None:
+    """Kafka 3.x/4.x's Topic.validate: "Topic name is invalid: <reason>". A trailing newline
+    is an illegal character too (a regex ``$`` would have let it through)."""
+    long_name = "x" * 250
+    expected = {
+        "..": "'..' is not allowed",
+        long_name: f"the length of '{long_name}' is longer than the max allowed length 249",
+        "bad name": "'bad name' contains one or more characters other than ASCII "
+                    "alphanumerics, '.', '_' and '-'",
+        "bad~name": "'bad~name' contains one or more characters other than ASCII "
+                    "alphanumerics, '.', '_' and '-'",
+        "newline\n": "'newline\n' contains one or more characters other than ASCII "
+                     "alphanumerics, '.', '_' and '-'",
+    }
+    futures = admin.create_topics([NewTopic(name, 1) for name in expected])
+    for name, reason in expected.items():
+        assert error_of(futures[name]) == (17, f"Topic name is invalid: {reason}")
+
+
 # --- CreatePartitions (seed 004) -------------------------------------------------------
 
 
