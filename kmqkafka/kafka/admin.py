@@ -27,7 +27,7 @@ from kmqkafka.kafka import identity
 from kmqkafka.kafka.configs import broker_topic_defaults, topic_config_entries
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
-from kmqkafka.kafka.topics import Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.topics import Topic, TopicCatalog, log_config_for, validate_topic_name
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
 
@@ -96,16 +96,28 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
 
 def _create_one(topics: TopicCatalog, t: Any, everyone: tuple[int, ...],
                 validate_only: bool) -> Deferred:
-    validate_topic_name(t.name)
+    """One topic, checked in the order of Kafka's controller (ReplicationControlManager): an
+    existing topic, its name, its configs, then the assignment or the counts."""
     if topics.get(t.name) is not None:
         raise KafkaError(ErrorCode.topic_already_exists, f"Topic '{t.name}' already exists.")
+    validate_topic_name(t.name)
+    nulls = [c.name for c in t.configs if c.value is None]
+    if nulls:
+        raise KafkaError(ErrorCode.invalid_config,
+                         f"Null value not supported for topic configs: {','.join(nulls)}")
+    configs = {c.name: c.value for c in t.configs}
+    log_config_for(configs)  # INVALID_CONFIG comes before any partition or replica error
     partitions = t.num_partitions
     assignments = t.assignments or ()
     if assignments:
-        if t.num_partitions != -1 or t.replication_factor != -1:
+        if t.replication_factor != -1:
             raise KafkaError(ErrorCode.invalid_request,
-                             "Both numPartitions or replicationFactor and replicasAssignments "
-                             "were set. Both cannot be used at the same time.")
+                             "A manual partition assignment was specified, but replication "
+                             "factor was not set to -1.")
+        if t.num_partitions != -1:
+            raise KafkaError(ErrorCode.invalid_request,
+                             "A manual partition assignment was specified, but numPartitions "
+                             "was not set to -1.")
         partitions = _check_assignment(assignments, everyone)
     elif t.replication_factor == 0 or t.replication_factor < -1:
         raise KafkaError(ErrorCode.invalid_replication_factor,
@@ -119,23 +131,25 @@ def _create_one(topics: TopicCatalog, t: Any, everyone: tuple[int, ...],
                          f"Unable to replicate the partition {t.replication_factor} time(s): "
                          f"The target replication factor of {t.replication_factor} cannot be "
                          f"reached because only {len(everyone)} broker(s) are registered.")
-    nulls = [c.name for c in t.configs if c.value is None]
-    if nulls:
-        raise KafkaError(ErrorCode.invalid_config,
-                         f"Null value not supported for topic configs: {','.join(nulls)}")
-    configs = {c.name: c.value for c in t.configs}
     return topics.create(t.name, partitions, configs, validate_only=validate_only)
 
 
 def _check_assignment(assignments: Any, everyone: tuple[int, ...]) -> int:
-    """Partition count of a manual assignment; each partition must list every node."""
-    indexes = sorted(a.partition_index for a in assignments)
-    if indexes != list(range(len(indexes))):
-        raise KafkaError(ErrorCode.invalid_replica_assignment,
-                         "Partitions should be consecutive and start at 0.")
+    """Partition count of a manual assignment, with Kafka's checks in Kafka's order: a
+    partition named twice, each partition's replica list (every node, here), then indexes
+    that are not 0, 1, 2 ..."""
+    seen: set[int] = set()
     for a in assignments:
+        if a.partition_index in seen:
+            raise KafkaError(ErrorCode.invalid_replica_assignment,
+                             f"Found multiple manual partition assignments for partition "
+                             f"{a.partition_index}")
+        seen.add(a.partition_index)
         _check_replicas(list(a.broker_ids), everyone, a.partition_index)
-    return len(indexes)
+    if seen != set(range(len(seen))):
+        raise KafkaError(ErrorCode.invalid_replica_assignment,
+                         "partitions should be a consecutive 0-based integer sequence")
+    return len(seen)
 
 
 def _check_replicas(ids: list[int], everyone: tuple[int, ...], partition: int) -> None:

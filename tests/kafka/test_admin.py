@@ -142,6 +142,36 @@ def test_create_topics_manual_assignment_only_on_this_node(kafka: BrokerProcess,
     assert both.error_code == ErrorCode.invalid_request
 
 
+def test_manual_assignment_and_config_errors_in_kraft_order_and_words(
+        kafka: BrokerProcess) -> None:
+    """KRaft's ReplicationControlManager: configs are checked before the counts, an
+    assignment wants both counts at -1 (the replication factor named first), then no
+    partition twice, then consecutive indexes from 0."""
+    assign = nested(19, 7, "CreatableReplicaAssignment")
+    cfg = nested(19, 7, "CreatableTopicConfig")
+    one = (assign(partition_index=0, broker_ids=(1,)),)
+    cases = {
+        "ka-rf": (dict(partitions=-1, rf=1, assignments=one), ErrorCode.invalid_request,
+                  "A manual partition assignment was specified, but replication factor was "
+                  "not set to -1."),
+        "ka-np": (dict(partitions=1, assignments=one), ErrorCode.invalid_request,
+                  "A manual partition assignment was specified, but numPartitions was not "
+                  "set to -1."),
+        "ka-twice": (dict(partitions=-1, assignments=one * 2),
+                     ErrorCode.invalid_replica_assignment,
+                     "Found multiple manual partition assignments for partition 0"),
+        "ka-gap": (dict(partitions=-1, assignments=(assign(partition_index=1, broker_ids=(1,)),)),
+                   ErrorCode.invalid_replica_assignment,
+                   "partitions should be a consecutive 0-based integer sequence"),
+        "ka-cfg": (dict(partitions=1, rf=0, configs=(cfg(name="retention.ms", value="x"),)),
+                   ErrorCode.invalid_config,
+                   "Invalid value x for configuration retention.ms: Not a number of type LONG"),
+    }
+    for name, (kw, code, message) in cases.items():
+        result = create(kafka, name, kw.pop("partitions"), **kw)
+        assert (result.error_code, result.error_message) == (code, message), name
+
+
 def test_duplicate_names_in_one_request_are_invalid_request(kafka: BrokerProcess) -> None:
     topic_cls = nested(19, 7, "CreatableTopic")
     t = topic_cls(name="ct-twice", num_partitions=1, replication_factor=1, assignments=(),
