@@ -29,7 +29,8 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
-from kmqkafka.kafka.topics import TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog, validate_topic_name
+from kmqkafka.kafka.topics import (OFFSETS_TOPIC_PARTITIONS, TOPIC_CONFIG_DEFAULTS, Topic,
+                                   TopicCatalog, validate_topic_name)
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 log = Logger()
@@ -201,6 +202,17 @@ _BROKER_DOCS: dict[str, str] = {
                                  "topics it no longer reads) are deleted, then the group.",
     "offsets.topic.replication.factor": "Committed offsets live in the replicated store, not "
                                         "in a topic.",
+    "offsets.topic.num.partitions": "Partitions __consumer_offsets is shown with (it stays "
+                                    "empty: offsets live in the replicated store).",
+    "delete.topic.enable": "DeleteTopics deletes topics (always on).",
+    "connections.max.idle.ms": "Idle time after which a Kafka connection is closed.",
+    "group.initial.rebalance.delay.ms": "How long a new classic group waits for more members "
+                                        "before its first rebalance.",
+    "group.consumer.session.timeout.ms": "Session timeout of KIP-848 consumer group members.",
+    "group.consumer.heartbeat.interval.ms": "Heartbeat interval of KIP-848 consumer group "
+                                            "members.",
+    "log.cleaner.backoff.ms": "Pause of the cleaner when no partition is due for compaction.",
+    "log.retention.check.interval.ms": "How often retention is enforced on every partition.",
     "transaction.state.log.replication.factor": "Producer state lives in the replicated "
                                                 "store, not in a topic.",
 }
@@ -289,6 +301,21 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "offsets.retention.minutes": (str(s.kafka_offsets_retention_minutes),
                                       SOURCE_STATIC_BROKER, INT),
         "offsets.topic.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
+        "offsets.topic.num.partitions": (str(OFFSETS_TOPIC_PARTITIONS), SOURCE_DEFAULT, INT),
+        "delete.topic.enable": ("true", SOURCE_DEFAULT, BOOLEAN),
+        "connections.max.idle.ms": (str(s.kafka_connections_max_idle_ms),
+                                    SOURCE_STATIC_BROKER, LONG),
+        "group.initial.rebalance.delay.ms": (str(s.kafka_group_initial_rebalance_delay_ms),
+                                             SOURCE_STATIC_BROKER, INT),
+        # DEFAULT, as a group's config synonyms name them (kafka.group_configs).
+        "group.consumer.session.timeout.ms": (str(s.kafka_consumer_session_timeout_ms),
+                                              SOURCE_DEFAULT, INT),
+        "group.consumer.heartbeat.interval.ms": (str(s.kafka_consumer_heartbeat_interval_ms),
+                                                 SOURCE_DEFAULT, INT),
+        "log.cleaner.backoff.ms": (str(s.kafka_log_cleaner_backoff_ms), SOURCE_STATIC_BROKER,
+                                   LONG),
+        "log.retention.check.interval.ms": (str(s.kafka_log_retention_check_interval_ms),
+                                            SOURCE_STATIC_BROKER, LONG),
         "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
     }
     defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}

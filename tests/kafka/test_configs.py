@@ -606,3 +606,17 @@ def test_incremental_delete_of_an_unknown_name_changes_nothing(admin: AdminClien
         40, "Can't APPEND to key no.such.config because its type is not LIST.")
     alter("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT).result(WAIT)
     assert describe(admin, "iac-unknown")["cleanup.policy"].value == ""
+
+
+def test_broker_describes_the_kafka_settings_it_has(admin: AdminClient) -> None:
+    """Kafka describes every broker config; tools commonly read these, and this broker has
+    each of them (offsets.topic.num.partitions is how __consumer_offsets is shown)."""
+    (future,) = admin.describe_configs([ConfigResource("broker", "1")]).values()
+    configs = future.result(WAIT)
+    assert configs["delete.topic.enable"].value == "true"
+    assert configs["offsets.topic.num.partitions"].value == "50"
+    for name, value in {"connections.max.idle.ms": "600000",
+                        "group.initial.rebalance.delay.ms": "3000",
+                        "group.consumer.session.timeout.ms": "45000",
+                        "group.consumer.heartbeat.interval.ms": "5000"}.items():
+        assert configs[name].value == value and configs[name].is_read_only, name
