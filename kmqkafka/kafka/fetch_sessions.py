@@ -13,6 +13,7 @@ session id    epoch      meaning
 N             0          closes session N, then full fetch that opens a new session
 N             -1         closes session N, then sessionless full fetch
 N             > 0        incremental fetch in session N; the epoch must be the next one
+                         (one that leaves the session empty closes it: sessionless)
 ============  =========  ===========================================================
 
 This module is pure logic: no reactor, no store, no wire types. Time comes in as ``now``
@@ -219,6 +220,12 @@ class SessionCache:
                 cached.max_bytes = w.max_bytes
         for key in forgotten:
             session.partitions.pop(key, None)
+        if not session.partitions:
+            # Kafka's FetchManager: a session its incremental fetch left empty is closed and
+            # the request served sessionless (session id 0); a later fetch in it finds no
+            # session (FETCH_SESSION_ID_NOT_FOUND).
+            del self._sessions[session_id]
+            return FetchContext(session_id=NO_SESSION, wanted=requested)
         session.epoch = next_epoch(epoch)
         session.last_used = now
         session.in_use += 1

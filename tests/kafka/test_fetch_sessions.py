@@ -103,6 +103,20 @@ def test_forgotten_partitions_leave_the_session_and_new_ones_join() -> None:
     assert [w.key for w in inc.wanted] == [A0, B0]
 
 
+def test_an_incremental_fetch_that_empties_the_session_closes_it() -> None:
+    """Kafka's FetchManager removes a session left without partitions and serves that
+    request sessionless (session id 0); the next incremental fetch in it is
+    FETCH_SESSION_ID_NOT_FOUND, so the client starts over with a full fetch."""
+    c = cache()
+    full = c.new_context(0, INITIAL_EPOCH, want(A0, A1), [], uses_topic_ids=False, now=0)
+    full.done()
+    inc = c.new_context(full.session_id, 1, [], [A0, A1], uses_topic_ids=False, now=1)
+    assert inc.error is ErrorCode.none and inc.session_id == 0 and inc.session is None
+    assert inc.wanted == [] and full.session_id not in c
+    after = c.new_context(full.session_id, 2, want(B0), [], uses_topic_ids=False, now=2)
+    assert after.error is ErrorCode.fetch_session_id_not_found
+
+
 def test_unknown_session_and_wrong_epoch_are_top_level_errors() -> None:
     c = cache()
     ctx = c.new_context(12345, 1, [], [], uses_topic_ids=False, now=0)
@@ -223,6 +237,9 @@ def test_session_partitions_follow_the_requests(initial: dict, steps: list) -> N
         for k in forgotten:  # forgetting wins over fetching in the same request, as in Kafka
             model.pop(k, None)
         assert ctx.error is ErrorCode.none
+        if not model:  # emptied: Kafka closes the session and answers sessionless
+            assert ctx.session_id == 0 and sid not in c
+            break
         assert {w.key: w.fetch_offset for w in ctx.wanted} == model
         ctx.done()
         epoch += 1
