@@ -107,8 +107,8 @@ class _Fetch:
     """One Fetch in progress: read, maybe park, re-read, answer."""
 
     __slots__ = ("ctx", "fctx", "store", "catalog", "uses_ids", "min_bytes", "max_bytes",
-                 "deadline", "epoch_errors", "topics", "wait", "deferred", "aborted",
-                 "parked", "ahead")
+                 "deadline", "epoch_errors", "topics", "gone", "stamp", "wait", "deferred",
+                 "aborted", "parked", "ahead")
 
     def __init__(self, request: Any, ctx: RequestContext, fctx: FetchContext,
                  epoch_errors: dict[tuple[Hashable, int], ErrorCode]) -> None:
@@ -126,6 +126,8 @@ class _Fetch:
         self.deadline = broker.reactor.seconds() + max(0.0, request.max_wait.total_seconds())
         self.epoch_errors = epoch_errors
         self.topics: dict[Hashable, Topic | None] = {}
+        self.gone: set[Hashable] = set()  # topics deleted while the fetch waited
+        self.stamp = self.catalog.stamp()
         self.wait: Deferred | None = None
         self.deferred: Deferred | None = None
         self.parked: list[_Result] | None = None  # what the parked wait started from
@@ -180,7 +182,7 @@ class _Fetch:
             if code is None:
                 channel = self._channel(key)
                 if channel is None:  # Kafka: an unknown id, or a partition the topic lacks
-                    code = (missing if self._topic(key[0]) is None
+                    code = (missing if self._topic(key[0]) is None and key[0] not in self.gone
                             else ErrorCode.unknown_topic_or_partition)
             if code is not None:
                 results.append((key, code, -1, -1, [], 0))
@@ -268,6 +270,7 @@ class _Fetch:
                 # partitions cost the reactor 315 ms a fetch, half of it this second read.
                 self.deferred.callback(self._respond(parked))
                 return
+            self._recheck_topics()
             results, total, errors = self._read()
             if not ready or self._satisfied(total, errors):
                 self.deferred.callback(self._respond(results))
@@ -276,6 +279,28 @@ class _Fetch:
         except Exception:
             self.fctx.done()
             self.deferred.errback()
+
+    def _recheck_topics(self) -> None:
+        """Look the request's topics up again after a wait, before reading again.
+
+        A DeleteTopics wakes the fetch as its first channel goes, while the others still
+        exist: read through the topics resolved before the wait, the response would answer
+        some partitions of the deleted topic as if nothing had happened. Kafka stops hosting
+        every partition of a deleted topic at once and answers each UNKNOWN_TOPIC_OR_PARTITION,
+        at v13+ too (the id was resolved when the request came), so a topic gone from the
+        catalog is gone for the whole response."""
+        catalog = self.catalog
+        stamp = catalog.stamp()
+        if stamp[0] is self.stamp[0] and stamp[1] == self.stamp[1]:
+            return  # no topic changed: the common wake-up costs nothing more
+        self.stamp = stamp
+        for key, topic in self.topics.items():
+            if topic is None:
+                continue
+            fresh = catalog.by_id(key) if self.uses_ids else catalog.get(key)
+            if fresh is None:
+                self.gone.add(key)
+            self.topics[key] = fresh
 
     def _wait_failed(self, failure: Any) -> None:
         self.wait = None

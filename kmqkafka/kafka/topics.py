@@ -456,6 +456,11 @@ class TopicCatalog:
                              "This server does not host this topic-partition.")
         return topic
 
+    def stamp(self) -> tuple[object, int]:
+        """A cheap token of the catalog's state: two equal stamps (``is`` on the first part,
+        ``==`` on the second) mean no topic was created, changed or deleted in between."""
+        return self._store.keyed_state(CONFIG_FAMILY)
+
     def by_id(self, topic_id: uuid.UUID) -> Topic | None:
         return self._listing()[3].get(topic_id)
 

@@ -1068,3 +1068,41 @@ def test_gather_answers_in_request_order_whatever_order_the_appends_finish() -> 
     _gather([only]).addCallback(lone.append)
     only.callback("p0")
     assert lone == [["p0"]]
+
+
+@pytest.mark.parametrize("version", [11, 13])
+def test_a_topic_deleted_while_a_fetch_waits_fails_every_partition_of_it(raw: Raw,
+                                                                         version: int) -> None:
+    """Kafka stops hosting all partitions of a deleted topic at once and completes the
+    waiting fetch with UNKNOWN_TOPIC_OR_PARTITION for each (at v13 too: the id resolved when
+    the request came). The deletion wakes the fetch as its first channel goes; the answer
+    must not read the others as if they still existed."""
+    topic = unique("gone")
+    create_topic(raw, topic, partitions=3)
+    produce(raw, topic, {0: batch()})
+    (found,) = raw.call(3, 12, topics=[{"name": topic, "topic_id": None}],
+                        allow_auto_topic_creation=False,
+                        include_topic_authorized_operations=False).topics
+    partitions = [{"partition": p, "fetch_offset": 1 if p == 0 else 0,
+                   "partition_max_bytes": 1 << 20, "current_leader_epoch": -1,
+                   "last_fetched_epoch": -1, "log_start_offset": -1} for p in range(3)]
+    started = time.monotonic()
+    raw.send(1, version, replica_id=-1, max_wait=datetime.timedelta(seconds=10), min_bytes=1,
+             max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+             topics=[{"topic": topic, "topic_id": found.topic_id, "partitions": partitions}],
+             forgotten_topics_data=[], rack_id="")
+    admin = Raw.__new__(Raw)
+    admin.sock = socket.create_connection(raw.sock.getpeername(), timeout=10)
+    admin.correlation = 0
+    try:
+        deleted = admin.call(20, 6, topics=[{"name": topic, "topic_id": uuid.UUID(int=0)}],
+                             timeout=datetime.timedelta(seconds=5))
+        assert deleted.responses[0].error_code is E.none
+    finally:
+        admin.close()
+    _c, answer = raw.receive(1, version)
+    assert time.monotonic() - started < 5
+    got = parts_of(answer)
+    assert sorted(got) == [0, 1, 2]
+    for p in got.values():
+        assert (p.error_code, p.high_watermark) == (E.unknown_topic_or_partition, -1), p
