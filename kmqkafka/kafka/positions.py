@@ -17,6 +17,13 @@ UNKNOWN_LEADER_EPOCH, one below 0 other than -1 (no check) gets FENCED_LEADER_EP
 OffsetForLeaderEpoch follows Kafka's epoch-cache lookup with one entry (epoch 0 from offset 0):
 epoch 0 → (0, high watermark); a higher epoch → (-1, -1); -1 → (-1, -1); a lower epoch → that
 epoch with end offset 0.
+
+On a cluster both are answered by the partition leader, as in Kafka (whose followers refuse a
+consumer's ListOffsets and OffsetForLeaderEpoch): a follower relays them (``leader_routed``),
+and the leader answers once it has applied all it knows to be committed (``settled_first``).
+A follower's own applied end may still lack a record the leader has acknowledged: answered
+there, ListOffsets LATEST disagreed between nodes right after an ack, and a consumer
+validating its position (KIP-320) could take the shorter end for a truncated log.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from kio.schema.errors import ErrorCode
 
 from kmqkafka import records
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import error_code_for
+from kmqkafka.kafka.groups import leader_routed
 from kmqkafka.kafka.topics import TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
@@ -177,5 +186,6 @@ def offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Any:
 def register(dispatcher: Dispatcher) -> None:
     """Register ListOffsets v1..v10 and OffsetForLeaderEpoch v2..v4 (clipped to kio). The
     table matches Kafka 4.1 (ListOffsets v11 came with 4.2, and with it OffsetCommit v10)."""
-    dispatcher.register(LIST_OFFSETS, list_offsets, 1, 10)
-    dispatcher.register(OFFSET_FOR_LEADER_EPOCH, offset_for_leader_epoch, 2, 4)
+    dispatcher.register(LIST_OFFSETS, leader_routed(identity.settled_first(list_offsets)), 1, 10)
+    dispatcher.register(OFFSET_FOR_LEADER_EPOCH,
+                        leader_routed(identity.settled_first(offset_for_leader_epoch)), 2, 4)

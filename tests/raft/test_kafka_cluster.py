@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import io
+import signal
 import struct
 import time
 from typing import Any, Iterator
@@ -199,6 +200,59 @@ def test_metadata_from_every_node_lists_three_brokers_and_the_same_leader(cluste
             r = raw.call(Dc(include_cluster_authorized_operations=False))
         assert r.controller_id == leader
         assert {(b.broker_id, b.host, b.port) for b in r.brokers} == wanted
+
+
+def test_every_node_gives_the_leaders_end_offset_right_after_an_ack(cluster: Cluster):
+    """Kafka answers a consumer's ListOffsets and OffsetForLeaderEpoch on the partition leader
+    only. A follower used to answer from its own applied end, which may still lack records the
+    leader just acknowledged (here: a follower paused while the leader and the other follower
+    commit): LATEST disagreed between nodes, and the shorter epoch end looks like a truncated
+    log to a consumer validating its position (KIP-320)."""
+    leader = cluster.leader()
+    follower = cluster.follower()
+    Pr = req("produce", 9, "ProduceRequest")
+    Td = req("produce", 9, "TopicProduceData")
+    Pd = req("produce", 9, "PartitionProduceData")
+    Lo = req("list_offsets", 7, "ListOffsetsRequest")
+    Lt = req("list_offsets", 7, "ListOffsetsTopic")
+    Lp = req("list_offsets", 7, "ListOffsetsPartition")
+    Oe = req("offset_for_leader_epoch", 4, "OffsetForLeaderEpochRequest")
+    Ot = req("offset_for_leader_epoch", 4, "OffsetForLeaderTopic")
+    Op = req("offset_for_leader_epoch", 4, "OffsetForLeaderPartition")
+    latest = Lo(replica_id=-1, isolation_level=0, topics=(Lt(name="ends", partitions=(
+        Lp(partition_index=0, current_leader_epoch=-1, timestamp=-1),)),))
+    epoch_end = Oe(replica_id=-1, topics=(Ot(topic="ends", partitions=(
+        Op(partition=0, current_leader_epoch=-1, leader_epoch=0),)),))
+    produce_confluent(cluster.all(), "ends", [b"first"])
+    for i in IDS:
+        wait_for(lambda: topic_listed(cluster.kafka_ports[i], "ends"), what=f"node {i} topic")
+    raws = {i: RawClient(cluster.kafka_ports[i]) for i in IDS}
+    paused = cluster.brokers[follower].proc
+    try:
+        for k in range(3):
+            paused.send_signal(signal.SIGSTOP)
+            try:
+                r = raws[leader].call(Pr(transactional_id=None, acks=-1, timeout=ms(10000),
+                                         topic_data=(Td(name="ends", partition_data=(
+                                             Pd(index=0, records=_batch([b"a", b"b"])),)),)))
+                raws[follower].send(latest)
+                raws[follower].send(epoch_end)
+            finally:
+                paused.send_signal(signal.SIGCONT)
+            part = r.responses[0].partition_responses[0]
+            assert part.error_code == E.none, part
+            end = part.base_offset + 2
+            got = raws[follower].receive(latest).topics[0].partitions[0]
+            assert (got.error_code, got.offset) == (E.none, end), f"follower, round {k}"
+            got = raws[follower].receive(epoch_end).topics[0].partitions[0]
+            assert (got.error_code, got.end_offset) == (E.none, end), f"follower, round {k}"
+            for i in IDS:
+                got = raws[i].call(latest).topics[0].partitions[0]
+                assert (got.error_code, got.offset) == (E.none, end), f"node {i}, round {k}"
+    finally:
+        paused.send_signal(signal.SIGCONT)
+        for raw in raws.values():
+            raw.close()
 
 
 # --- produce / admin through a follower ------------------------------------------------
