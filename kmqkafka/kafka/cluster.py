@@ -111,7 +111,8 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
             next_cursor = make(t.Cursor, topic_name=name, partition_index=first)
             break
         last = min(topic.partitions, first + budget)
-        out.append(_topic_entry(t, topic, range(first, last), leader, replicas))
+        out.append(_topic_entry(t, topic, range(first, last), leader, replicas,
+                                identity.leader_epoch(ctx.broker)))
         budget -= last - first
         if last < topic.partitions:
             next_cursor = make(t.Cursor, topic_name=name, partition_index=last)
@@ -121,13 +122,14 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
 
 
 def _topic_entry(t: Any, topic: Topic, indexes: range, leader: int | None,
-                 replicas: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]) -> Any:
+                 replicas: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+                 epoch: int) -> Any:
     """``replicas``: ``(replicas, isr, offline)`` from ``identity.replicas``."""
     code = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     everyone, isr, offline = replicas
     partitions = tuple(
         make(t.DescribeTopicPartitionsResponsePartition, error_code=code,
-             partition_index=p, leader_id=leader if leader is not None else -1, leader_epoch=0,
+             partition_index=p, leader_id=leader if leader is not None else -1, leader_epoch=epoch,
              replica_nodes=everyone, isr_nodes=isr, eligible_leader_replicas=(),
              last_known_elr=(),
              offline_replicas=offline)

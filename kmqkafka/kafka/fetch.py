@@ -13,8 +13,9 @@ fetch at or past the high watermark (but not past the end) is answered empty, as
 Long poll: when fewer than ``min_bytes`` are ready (and no partition has an error) the request is
 parked on ``store.wait_any`` for every read partition until new durable data arrives or
 ``max_wait`` passes, then re-read. Cancelling the returned Deferred (the connection went) cancels
-the parked wait. Leader epoch is always 0 on this single-leader node: a ``current_leader_epoch``
-above 0 is UNKNOWN_LEADER_EPOCH (the client knows a newer leader than we do).
+the parked wait. The leader epoch is the Raft term (``identity.leader_epoch``; 0 on a lone
+node): a ``current_leader_epoch`` above it is UNKNOWN_LEADER_EPOCH (the client knows a newer
+leader than we do), one below it FENCED_LEADER_EPOCH (the client's leader is gone).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from kmqkafka.store.names import channel_for
 API_KEY = 1
 MIN_VERSION = 4
 MAX_VERSION = 18
-LEADER_EPOCH = 0
 SESSIONS_KEY = "fetch_sessions"
 PARTITION_SOFT_CAP = 2 << 20
 """Bytes one partition contributes to a response even when the client allows more (a
@@ -72,16 +72,20 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     uses_ids = version >= 13
     requested: list[Wanted] = []
     epoch_errors: dict[tuple[Hashable, int], ErrorCode] = {}
+    epoch = -1  # read once, for the first partition that asks for a check
     for t in request.topics:
         topic_key = t.topic_id if uses_ids else t.topic
         for p in t.partitions:
             key = (topic_key, p.partition)
             requested.append(Wanted(key, p.fetch_offset, p.partition_max_bytes))
             current = getattr(p, "current_leader_epoch", -1)
-            if current > LEADER_EPOCH:
-                epoch_errors[key] = ErrorCode.unknown_leader_epoch
-            elif 0 <= current < LEADER_EPOCH:
-                epoch_errors[key] = ErrorCode.fenced_leader_epoch
+            if current != -1:
+                if epoch < 0:
+                    epoch = identity.leader_epoch(ctx.broker)
+                if current > epoch:
+                    epoch_errors[key] = ErrorCode.unknown_leader_epoch
+                elif current < epoch:
+                    epoch_errors[key] = ErrorCode.fenced_leader_epoch
     sessions = version >= 7
     forgotten: list[tuple[Hashable, int]] = []
     if sessions:

@@ -171,6 +171,16 @@ def term(broker: Broker) -> int:
     return int(getattr(node, "term", 0) or 0) if clustered(broker) else 0
 
 
+def leader_epoch(broker: Broker) -> int:
+    """The leader epoch of every partition: the Raft term. Kafka bumps a partition's epoch at
+    every leader change and clients order what they hear by it (librdkafka ignores metadata
+    with an older epoch, a fetch with an older one is FENCED_LEADER_EPOCH); each Raft election
+    starts a new term, agreed by every node that knows the leader. 0 on a lone broker. Stored
+    batches keep epoch 0 (``store/log.py``): no committed record is ever truncated, so the
+    records of every term form one epoch-0 range (``positions.epoch_end``)."""
+    return term(broker)
+
+
 SETTLE_S = 1.0
 """Longest a follower holds a metadata read for its own apply to catch up."""
 

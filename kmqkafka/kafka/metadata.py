@@ -6,11 +6,12 @@ creation to be durable so the client sees a usable topic on its first try.
 Brokers are the live Raft members with their advertised Kafka endpoints (``identity.brokers``:
 this node, the leader and the peers it has a working Raft link to; this node alone on a lone
 broker), as Apache Kafka lists only live brokers. The leader of every partition, and the
-controller, is the Raft leader; replicas are all members, the ISR the listed ones, and the
-others are offline replicas (v5+). A node that knows no leader answers
-LEADER_NOT_AVAILABLE for each partition (leader -1) and names itself controller (it forwards
-admin commands to the leader once there is one; ``identity.controller``). Topics and partition
-counts come from this node's applied state, so a follower may be behind but never ahead.
+controller, is the Raft leader, with the Raft term as leader epoch; replicas are all members,
+the ISR the listed ones, and the others are offline replicas (v5+). A node that knows no
+leader answers LEADER_NOT_AVAILABLE for each partition (leader -1) and names itself controller
+(it forwards admin commands to the leader once there is one; ``identity.controller``). Topics
+and partition counts come from this node's applied state, so a follower may be behind but
+never ahead.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def _view(ctx: RequestContext) -> tuple[Any, ...]:
     broker = ctx.broker
     brokers = tuple(identity.brokers(broker, ctx.listener))
     return (brokers, identity.leader(broker), identity.controller(broker),
-            identity.replicas(broker, list(brokers)), identity.cluster_id(broker))
+            identity.replicas(broker, list(brokers)), identity.cluster_id(broker),
+            identity.leader_epoch(broker))
 
 
 def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
@@ -137,11 +139,9 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None,
                                   uuid.UUID | None]],
              request: Any, ctx: RequestContext, view: tuple[Any, ...] | None = None) -> Any:
     t = types_of(ctx)
-    brokers, leader, controller, (replicas, isr, offline), cluster = view or _view(ctx)
-    # One leader epoch, 0, for every partition forever (stamped into stored batches too): a
-    # committed Raft entry is never truncated, so a client never needs an epoch change to
-    # detect a truncated log (KIP-320); a new leader serves the very same offsets.
-    epoch = 0
+    brokers, leader, controller, (replicas, isr, offline), cluster, epoch = view or _view(ctx)
+    # The Raft term (``identity.leader_epoch``): it grows with every leader change, as a Kafka
+    # partition's epoch does, and every node that knows the leader gives the same one.
     part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     topic_ops = operations(getattr(request, "include_topic_authorized_operations", False),
                            TOPIC_OPERATIONS)

@@ -12,11 +12,14 @@ ListOffsets, per partition (offset = Sequence - 1, only durable data counts):
 
 READ_COMMITTED is answered like READ_UNCOMMITTED (no open transactions exist yet).
 
-The single node is leader at epoch 0 forever. A ``current_leader_epoch`` above 0 gets
-UNKNOWN_LEADER_EPOCH, one below 0 other than -1 (no check) gets FENCED_LEADER_EPOCH.
-OffsetForLeaderEpoch follows Kafka's epoch-cache lookup with one entry (epoch 0 from offset 0):
-epoch 0 → (0, high watermark); a higher epoch → (-1, -1); -1 → (-1, -1); a lower epoch → that
-epoch with end offset 0.
+The leader epoch is the Raft term (``identity.leader_epoch``; 0 on a lone node). A
+``current_leader_epoch`` above it gets UNKNOWN_LEADER_EPOCH, one below it other than -1 (no
+check) FENCED_LEADER_EPOCH. Every stored batch carries epoch 0 (no committed record is ever
+truncated), so OffsetForLeaderEpoch follows Kafka's epoch-cache lookup over epoch 0 from offset
+0 and the current epoch from the end: the current epoch → (it, high watermark); an epoch from 0
+up to it → (0, high watermark); a higher epoch or -1 → (-1, -1); another negative one → that
+epoch with end offset 0. ListOffsets LATEST names the current epoch, as Kafka's does (the
+latest in its cache), every other answer epoch 0.
 
 On a cluster both are answered by the partition leader, as in Kafka (whose followers refuse a
 consumer's ListOffsets and OffsetForLeaderEpoch): a follower relays them (``leader_routed``),
@@ -45,7 +48,6 @@ from kmqkafka.store.names import channel_for
 
 LIST_OFFSETS = 2
 OFFSET_FOR_LEADER_EPOCH = 23
-LEADER_EPOCH = 0
 
 LATEST = -1
 EARLIEST = -2
@@ -55,13 +57,13 @@ LATEST_TIERED = -5
 EARLIEST_PENDING_UPLOAD = -6
 
 
-def _epoch_error(current: int) -> ErrorCode | None:
-    """Kafka's leader-epoch check of a request's ``current_leader_epoch`` against ours."""
+def _epoch_error(current: int, epoch: int) -> ErrorCode | None:
+    """Kafka's leader-epoch check of a request's ``current_leader_epoch`` against ``epoch``."""
     if current == -1:
         return None
-    if current > LEADER_EPOCH:
+    if current > epoch:
         return ErrorCode.unknown_leader_epoch
-    if current < LEADER_EPOCH:
+    if current < epoch:
         return ErrorCode.fenced_leader_epoch
     return None
 
@@ -116,6 +118,7 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
     store = ctx.broker.store
     topics: TopicCatalog = ctx.broker.extras["topics"]
     part_cls = t.ListOffsetsPartitionResponse
+    epoch = identity.leader_epoch(ctx.broker)
     # As Kafka: every occurrence of a partition named more than once is INVALID_REQUEST.
     named = Counter((topic.name, p.partition_index)
                     for topic in request.topics for p in topic.partitions)
@@ -124,7 +127,7 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
         parts = []
         for p in topic.partitions:
             index = p.partition_index
-            code: ErrorCode | None = _epoch_error(getattr(p, "current_leader_epoch", -1))
+            code: ErrorCode | None = _epoch_error(getattr(p, "current_leader_epoch", -1), epoch)
             ts, offset = -1, -1
             if named[topic.name, index] > 1:
                 code = ErrorCode.invalid_request
@@ -139,7 +142,8 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
                     code = error_code_for(exc)
             parts.append(make(part_cls, partition_index=index, error_code=code, timestamp=ts,
                               offset=offset,
-                              leader_epoch=LEADER_EPOCH if offset >= 0 else -1))
+                              leader_epoch=-1 if offset < 0 else
+                              epoch if p.timestamp == LATEST else 0))
         out.append(make(t.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))
 
@@ -147,12 +151,16 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
 # --- OffsetForLeaderEpoch -------------------------------------------------------------------
 
 
-def epoch_end(requested_epoch: int, high_watermark: int) -> tuple[int, int]:
-    """(epoch, end offset) for ``requested_epoch`` from a one-entry epoch cache (0 at offset 0)."""
-    if requested_epoch == -1 or requested_epoch > LEADER_EPOCH:
+def epoch_end(requested_epoch: int, high_watermark: int, current_epoch: int = 0
+              ) -> tuple[int, int]:
+    """(epoch, end offset) for ``requested_epoch`` from an epoch cache holding epoch 0 at
+    offset 0 and ``current_epoch`` at the end (no records are stamped with a later epoch)."""
+    if requested_epoch == -1 or requested_epoch > current_epoch:
         return -1, -1
-    if requested_epoch == LEADER_EPOCH:
-        return LEADER_EPOCH, high_watermark
+    if requested_epoch == current_epoch:
+        return current_epoch, high_watermark
+    if requested_epoch >= 0:
+        return 0, high_watermark
     return requested_epoch, 0
 
 
@@ -162,18 +170,20 @@ def offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Any:
     store = ctx.broker.store
     topics: TopicCatalog = ctx.broker.extras["topics"]
     part_cls = t.EpochEndOffset
+    current = identity.leader_epoch(ctx.broker)
     out = []
     for topic in request.topics:
         parts = []
         for p in topic.partitions:
-            code = _epoch_error(p.current_leader_epoch)
+            code = _epoch_error(p.current_leader_epoch, current)
             epoch, end = -1, -1
             channel = _channel(topics, topic.topic, p.partition)
             if code is None and channel is None:
                 code = ErrorCode.unknown_topic_or_partition
             if code is None:
                 try:
-                    epoch, end = epoch_end(p.leader_epoch, store.bounds(channel).high_watermark - 1)
+                    epoch, end = epoch_end(p.leader_epoch,
+                                           store.bounds(channel).high_watermark - 1, current)
                     code = ErrorCode.none
                 except Exception as exc:
                     code = error_code_for(exc)

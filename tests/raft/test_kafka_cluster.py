@@ -190,7 +190,7 @@ def test_metadata_from_every_node_lists_three_brokers_and_the_same_leader(cluste
             assert r.controller_id == leader
             part = r.topics[0].partitions[0]
             assert part.error_code == E.none and part.leader_id == leader
-            assert part.leader_epoch == 0  # one-entry epoch cache everywhere
+            assert part.leader_epoch == raft_metric(cluster.brokers[leader], "kmqkafka_raft_term")
             assert sorted(part.replica_nodes) == list(IDS)
             return True
         wait_for(same, what=f"metadata of node {i}")
@@ -665,6 +665,66 @@ def test_group_resumes_from_committed_offsets_after_the_leader_is_killed(cluster
                  .leader_id == new_leader, what=f"node {i} names leader {new_leader}")
         wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), topic),
                  what=f"node {i} lists node {old_leader} again")
+
+
+def fetch_with_epoch(port: int, topic: str, epoch: int) -> Any:
+    """Partition 0 of one raw Fetch v11 from offset 0 naming ``epoch`` as current leader epoch."""
+    Req = req("fetch", 11, "FetchRequest")
+    T = req("fetch", 11, "FetchTopic")
+    P = req("fetch", 11, "FetchPartition")
+    with RawClient(port) as raw:
+        return raw.call(Req(replica_id=-1, max_wait=ms(0), min_bytes=0, max_bytes=1 << 20,
+                            isolation_level=0, session_id=0, session_epoch=-1, topics=(T(
+                                topic=topic, partitions=(P(
+                                    partition=0, current_leader_epoch=epoch, fetch_offset=0,
+                                    log_start_offset=-1, partition_max_bytes=1 << 20),)),),
+                            forgotten_topics_data=(), rack_id="")).responses[0].partitions[0]
+
+
+def test_the_leader_epoch_grows_with_a_leader_change_and_fences_the_old_one(cluster: Cluster):
+    """Kafka bumps a partition's leader epoch at every leader change; clients order what they
+    hear by it (librdkafka ignores metadata older than the epoch it holds) and a fetch naming
+    an older epoch is FENCED_LEADER_EPOCH. The epoch used to be 0 forever, so a node that still
+    named the old leader looked as current as the one naming the new one."""
+    topic = "epochs"
+    produce_confluent(cluster.all(), topic, [b"a", b"b"])
+    old = cluster.leader()
+
+    def views(nodes: set[int]) -> set[tuple[int, int]]:
+        parts = [metadata(cluster.kafka_ports[i], (topic,)).topics[0].partitions[0]
+                 for i in nodes]
+        return {(p.leader_id, p.leader_epoch) for p in parts}
+
+    (_, before), = wait_for(lambda: len(views(set(IDS))) == 1 and views(set(IDS)),
+                            what="one leader and epoch on every node")
+    assert fetch_with_epoch(cluster.kafka_ports[old], topic, before).error_code == E.none
+    cluster.brokers[old].stop()  # SIGTERM: the leader hands over before it exits
+    try:
+        new = cluster.leader(not_=old)
+        survivors = set(IDS) - {old}
+        (_, after), = wait_for(lambda: {lead for lead, _ in views(survivors)} == {new}
+                               and len(views(survivors)) == 1 and views(survivors),
+                               what="the survivors agree on the new leader")
+        assert after > before
+        port = cluster.kafka_ports[new]
+        assert fetch_with_epoch(port, topic, before).error_code == E.fenced_leader_epoch
+        assert fetch_with_epoch(port, topic, after + 1).error_code == E.unknown_leader_epoch
+        got = fetch_with_epoch(port, topic, after)
+        assert got.error_code == E.none and got.high_watermark == 2
+
+        Oe = req("offset_for_leader_epoch", 4, "OffsetForLeaderEpochRequest")
+        Ot = req("offset_for_leader_epoch", 4, "OffsetForLeaderTopic")
+        Op = req("offset_for_leader_epoch", 4, "OffsetForLeaderPartition")
+        with RawClient(port) as raw:
+            r = raw.call(Oe(replica_id=-1, topics=(Ot(topic=topic, partitions=(
+                Op(partition=0, current_leader_epoch=after, leader_epoch=0),
+                Op(partition=0, current_leader_epoch=after, leader_epoch=after),)),)))
+        # The records all carry epoch 0 and nothing was truncated: both end at the log end.
+        assert [(p.error_code, p.leader_epoch, p.end_offset) for p in r.topics[0].partitions] \
+            == [(E.none, 0, 2), (E.none, after, 2)]
+    finally:
+        cluster.brokers[old].restart()
+    wait_for(lambda: views({old}) == {(new, after)}, what=f"node {old} names epoch {after}")
 
 
 def test_deleting_a_topic_through_a_follower_drops_its_committed_offsets(cluster: Cluster):
