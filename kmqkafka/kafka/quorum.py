@@ -3,10 +3,14 @@
 Tools such as ``kafka-metadata-quorum`` and kafka-python's ``describe_metadata_quorum`` ask for
 partition 0 of ``__cluster_metadata``. Here that names the Raft log every command goes through:
 leader and epoch (the Raft term), high watermark (the commit index), and each voter's log end as
-the leader knows it (its own last index, the others' replicated match). Only the leader knows
+the leader knows it (its own last index, the others' replicated match), and, as KRaft's leader
+reports them, each voter's last fetch and last caught-up times in ms: the leader's own are the
+time of the answer, a follower's when it last answered the leader in this term and when it last
+answered holding the leader's whole log (-1 until then). Only the leader knows
 the others' progress, so a follower relays the request there (``leader_routed``); a node that
 knows no leader answers NOT_LEADER_OR_FOLLOWER for the partition, as a KRaft voter does. A lone
-node without peers is its own one-voter quorum at epoch 0 with an empty log. ``nodes`` (v2)
+node without peers is its own one-voter quorum at epoch 0 with an empty log, fetched and
+caught up at the time of the answer. ``nodes`` (v2)
 gives each voter's Raft address as its ``CONTROLLER`` listener.
 """
 from __future__ import annotations
@@ -46,14 +50,18 @@ def handle(request: Any, ctx: RequestContext) -> Any:
                 parts.append(_partition(t, pd.partition_index,
                                         ErrorCode.unknown_topic_or_partition))
             elif driver is None:
+                now = ctx.broker.reactor.seconds()
                 parts.append(_partition(t, 0, ErrorCode.none, leader=me, epoch=0, hw=0,
-                                        voters=[_replica(t, me, 0)]))
+                                        voters=[_replica(t, me, 0, (now, now))]))
             elif not driver.is_leader():
                 parts.append(_partition(t, 0, ErrorCode.not_leader_or_follower))
             else:
                 node = driver.node
                 ends = {**node.match_indexes(), node.id: node.last_index}
-                voters = [_replica(t, v, ends.get(v, 0)) for v in sorted(node.voters)]
+                now = driver.now()
+                voters = [_replica(t, v, ends.get(v, 0),
+                                   (now, now) if v == node.id else driver.replica_times(v))
+                          for v in sorted(node.voters)]
                 parts.append(_partition(t, 0, ErrorCode.none, leader=node.id, epoch=node.term,
                                         hw=node.commit_index, voters=voters))
         topics.append(make(t.TopicData, topic_name=td.topic_name, partitions=tuple(parts)))
@@ -68,9 +76,13 @@ def _partition(t: Any, index: int, error: ErrorCode, *, leader: int = -1, epoch:
                 current_voters=tuple(voters or ()), observers=())
 
 
-def _replica(t: Any, node: int, log_end: int) -> Any:
+def _replica(t: Any, node: int, log_end: int,
+             times: tuple[float | None, float | None] = (None, None)) -> Any:
+    """``times``: (last fetch, last caught up) in seconds, None when not known."""
+    fetched, caught_up = (-1 if s is None else int(s * 1000) for s in times)
     return make(t.ReplicaState, replica_id=node, replica_directory_id=_ZERO_UUID,
-                log_end_offset=log_end, last_fetch_timestamp=-1, last_caught_up_timestamp=-1)
+                log_end_offset=log_end, last_fetch_timestamp=fetched,
+                last_caught_up_timestamp=caught_up)
 
 
 def _nodes(t: Any, ctx: RequestContext) -> tuple[Any, ...]:

@@ -364,6 +364,11 @@ class RaftNode:
                 best = (key, v)
         return best[1] if best is not None else None
 
+    def match_of(self, peer: int) -> int:
+        """Leader only: the highest index known replicated on ``peer`` (-1 otherwise)."""
+        pr = self._progress.get(peer) if self.role is Role.LEADER else None
+        return pr.match if pr is not None else -1
+
     def match_indexes(self) -> dict[int, int]:
         """Leader only: the highest index known replicated on each other voter ({} otherwise);
         what replication lag is measured against."""

@@ -59,7 +59,8 @@ from twisted.python.failure import Failure
 
 from kmqkafka.raft.core import RaftNode, Ready, Role, SoftState
 from kmqkafka.raft.messages import (
-    ELIDED, Append, Entry, EntryKind, Heartbeat, InstallSnapshot, Message, Snapshot, loaded,
+    ELIDED, Append, AppendResp, Entry, EntryKind, Heartbeat, HeartbeatResp, InstallSnapshot,
+    Message, Snapshot, loaded,
 )
 
 __all__ = ["Application", "RaftDriver", "Transport"]
@@ -67,6 +68,7 @@ __all__ = ["Application", "RaftDriver", "Transport"]
 log = Logger()
 
 _EARLY = (Append, Heartbeat)  # a leader sends these before its own save (see ``_process``)
+_FOLLOWER_ANSWERS = (AppendResp, HeartbeatResp)  # each is a KRaft fetch (``replica_times``)
 HOLD_MAX_S = 5.0  # longest a leader holds proposals for a lagging follower at a time
 PREPARE_PAUSE_S = 0.02  # between two steps of preparing free Raft log files
 FETCH_BACKOFF_MIN_S = 0.5  # first wait before fetching a snapshot again after a failed download
@@ -154,6 +156,11 @@ class RaftDriver:
         self._saved_vote = (hs.term, hs.vote) if hs is not None else (0, 0)
         self.elided_entries = 0
         self._dropped_to = 0  # applied entries up to here hold no bytes (``Stored``)
+        # Leader only, this term: when each follower last answered (fetched, in Kafka's
+        # words) and last answered holding our whole log (``replica_times``).
+        self._heard_term = 0
+        self._answered_at: dict[int, float] = {}
+        self._caught_up_at: dict[int, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -213,7 +220,34 @@ class RaftDriver:
                 self._fetch(message)
                 return
         self.node.step(message)
+        if type(message) in _FOLLOWER_ANSWERS:
+            self._note_answer(message.frm)
         self._kick()
+
+    def _note_answer(self, peer: int) -> None:
+        node = self.node
+        if node.role is not Role.LEADER:
+            return
+        if self._heard_term != node.term:
+            self._heard_term = node.term
+            self._answered_at.clear()
+            self._caught_up_at.clear()
+        now = self._clock.seconds()
+        self._answered_at[peer] = now
+        if node.match_of(peer) >= node.last_index:
+            self._caught_up_at[peer] = now
+
+    def replica_times(self, peer: int) -> tuple[float | None, float | None]:
+        """(last answer, last answer holding this leader's whole log) of follower ``peer``,
+        in clock seconds, this term only (None: not yet). What KRaft's DescribeQuorum reports
+        as a voter's last fetch and last caught-up timestamps."""
+        if self.node.role is not Role.LEADER or self._heard_term != self.node.term:
+            return None, None
+        return self._answered_at.get(peer), self._caught_up_at.get(peer)
+
+    def now(self) -> float:
+        """The driver's clock, in seconds."""
+        return self._clock.seconds()
 
     def propose(self, data: bytes) -> int:
         """Append a command on the leader; returns its index. Raises the core's NotLeader /

@@ -546,6 +546,27 @@ def test_describe_quorum_through_any_node(cluster: Cluster):
         assert {n["node_id"] for n in q["nodes"]} == set(IDS)
 
 
+def test_describe_quorum_gives_each_voters_fetch_and_caught_up_times(cluster: Cluster):
+    """KRaft's leader reports when each voter last fetched and was last caught up (itself: the
+    time of the answer); every one used to be -1, as if no follower had ever fetched."""
+    import kio.schema.describe_quorum.v1.request as q
+
+    produce_confluent(cluster.all(), "quorum-times", [b"q"])
+    leader = cluster.leader()
+    ask = q.DescribeQuorumRequest(topics=(q.TopicData(
+        topic_name="__cluster_metadata", partitions=(q.PartitionData(partition_index=0),)),))
+    for i in IDS:
+        with RawClient(cluster.kafka_ports[i]) as raw:
+            (part,) = raw.call(ask).topics[0].partitions
+        now_ms = time.time() * 1000
+        assert part.error_code == E.none and part.leader_id == leader
+        for v in part.current_voters:
+            # Followers answer every heartbeat (a tick here is 50 ms): seconds at most.
+            assert abs(v.last_fetch_timestamp - now_ms) < 10_000, (i, v)
+            assert abs(v.last_caught_up_timestamp - now_ms) < 10_000, (i, v)
+            assert v.last_caught_up_timestamp <= v.last_fetch_timestamp, (i, v)
+
+
 def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     """Apache Kafka lists only live brokers: clients must not be sent to a dead node. Killing a
     follower also checks the follower-to-follower view (no Raft traffic between them, only
