@@ -103,6 +103,7 @@ class BrokerService(MultiService):
             return
         for listener in self.listeners:
             self._ports.append(self._listen(listener))
+        self._announce(True)  # the other nodes list this one in Metadata from now on
         self.ready = True
         if self.on_ready is not None:
             self.on_ready()
@@ -111,6 +112,11 @@ class BrokerService(MultiService):
             listeners=", ".join(f"{l.name} {l.host}:{l.port}" for l in self.listeners) or "no"
             " Kafka listeners",
         )
+
+    def _announce(self, serving: bool) -> None:
+        announce = getattr(self.store, "set_serving", None)
+        if announce is not None:
+            announce(serving)
 
     def _listen(self, listener: Listener) -> IListeningPort:
         # A deep accept queue: hundreds of clients reconnecting at once (a restart, a network
@@ -134,6 +140,8 @@ class BrokerService(MultiService):
     @inlineCallbacks
     def stopService(self) -> Any:
         self.ready = False
+        if self._store_started:
+            self._announce(False)  # dropped from the others' Metadata before it goes
         yield maybeDeferred(super().stopService)
         ports, self._ports = self._ports, []
         for port in ports:

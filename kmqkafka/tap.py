@@ -168,7 +168,8 @@ def raft_proposer_factory(settings: Settings, reactor: Any) -> Callable[..., Any
             transport = RaftTransport(
                 node_id, (settings.raft_bind_host or me.raft_host, me.raft_port),
                 {m.node_id: (m.raft_host, m.raft_port) for m in members.values()},
-                reactor, rng, run_io, tls_server=server_tls, tls_client=client_tls)
+                reactor, rng, run_io, tls_server=server_tls, tls_client=client_tls,
+                serving=False)  # until the listeners open (``BrokerService``)
         return RaftProposer(
             machine, clock, run_io, node_id=node_id, members=members, transport=transport,
             raft_dir=settings.data_dir / "raft", rng=rng, run_raft_io=run_raft_io,

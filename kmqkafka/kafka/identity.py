@@ -75,15 +75,18 @@ def clustered(broker: Broker) -> bool:
 def live_members(broker: Broker) -> list:
     """The members to list as brokers, by node id: this node, the Raft leader (clients must
     reach the partition leader and coordinator), and every peer the Raft transport has a
-    working link to (``RaftTransport.live_peers`` within one election timeout). Apache Kafka
-    lists only live brokers, and clients such as kafka-python fail rather than retry when
-    they pick a dead one. Without a transport (a lone node, tests) every member is listed."""
+    working link to that serves clients (``RaftTransport.serving_peers`` within one election
+    timeout: not a restarted node still catching up before its listeners open). Apache Kafka
+    lists only live, unfenced brokers, and clients such as kafka-python fail rather than
+    retry when they pick a dead one. Without a transport (a lone node, tests) every member is
+    listed."""
     ms = members(broker)
     transport = getattr(_proposer(broker), "transport", None)
     if len(ms) <= 1 or transport is None:
         return ms
     s = broker.settings
-    live = transport.live_peers(s.raft_tick_ms * s.raft_election_ticks / 1000)
+    serving = getattr(transport, "serving_peers", transport.live_peers)
+    live = serving(s.raft_tick_ms * s.raft_election_ticks / 1000)
     live.add(node_id(broker))
     lead = leader(broker)
     if lead is not None:

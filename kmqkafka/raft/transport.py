@@ -14,6 +14,13 @@ and it was heard from within ``FROZEN_S``: a hung process (SIGSTOP, a stalled VM
 TCP connections open, and is dropped only that way. Kafka's Metadata lists only live nodes
 (it fences a broker that misses its heartbeats), and clients keep asking a listed one.
 
+Serving (``serving_peers``): a restarted node takes part in Raft while it catches up, before
+its Kafka listeners open. Kafka keeps such a broker fenced, out of Metadata, until it has
+caught up; here its PINGs carry ``STARTING`` as their term until the daemon sets ``serving``
+(listeners open; cleared again when it stops), and a peer reached on a new link or heard again
+after a silence (a restart) counts as starting until a PING says otherwise. Older nodes send 0
+there: always serving.
+
 Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting kind + payload::
 
     1 RAFT          kmqkafka.raft.messages.encode(message)
@@ -26,9 +33,9 @@ Framing (big endian): ``u32 length, u8 kind, payload`` with ``length`` counting 
     7 SNAPSHOT_ERR  UTF-8 reason
 
 A PING (liveness, no answer) is a FORWARD_OK for request id 0, which no request has, with the
-sender's node id as its index and 0 as its term: older nodes, which close a link on a frame
-kind they do not know, ignore it, so a rolling upgrade keeps its links. Frame kinds this
-version does not know are ignored too.
+sender's node id as its index and 0 (``STARTING`` while it does not serve clients) as its
+term: older nodes, which close a link on a frame kind they do not know, ignore it, so a rolling
+upgrade keeps its links. Frame kinds this version does not know are ignored too.
 
 Snapshot files travel on a fresh connection per fetch (so a long transfer never delays Raft
 traffic); the server streams the hard-linked snapshot tree as a tar straight from its files
@@ -78,6 +85,7 @@ _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
 RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
 PING_ID = 0  # the request id of a FORWARD_OK that is a PING (requests count from 1)
+STARTING = 1  # a PING's term while its sender does not serve Kafka clients yet (or any more)
 FROZEN_S = 3.0  # a peer with a link up but silent this long (12 missed pings) is not live
 FETCH_STALL_S = 30.0  # a snapshot download that moves no byte for this long fails
 
@@ -89,6 +97,7 @@ class _Link(protocol.Protocol):
         self.owner = owner
         self.outgoing = outgoing
         self.peer = peer
+        self.heard_on = False        # incoming: a frame from its peer arrived (``_heard_from``)
         self._held: list[Any] = []   # the start of an incomplete frame, as received
         self._held_len = 0
         self._need = 0               # bytes held before parsing can go on
@@ -244,7 +253,9 @@ class RaftTransport:
                  reactor: Any, rng: random.Random, run_io: Any, *, tls_server: Any = None,
                  tls_client: Any = None, backoff_min_s: float = 0.05, backoff_max_s: float = 2.0,
                  max_frame: int = 256 << 20, request_timeout_s: float = 5.0,
-                 ping_s: float = 0.25) -> None:
+                 ping_s: float = 0.25, serving: bool = True) -> None:
+        """``serving``: whether the PINGs say this node serves clients from the start (the
+        daemon starts with False and sets ``serving`` once its listeners are open)."""
         self.node_id = node_id
         self.listen_addr = listen
         self._peers = {i: _Peer(i, h, p) for i, (h, p) in peers.items() if i != node_id}
@@ -265,6 +276,9 @@ class RaftTransport:
         self._stopping = False
         self._ping_s = ping_s
         self._pinger: LoopingCall | None = None
+        self._serving = serving
+        self._starting: set[int] = set()  # peers not serving clients (``serving_peers``)
+        self._met: set[int] = set()  # peers heard from at least once by this process
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -284,8 +298,20 @@ class RaftTransport:
             self._pinger.clock = self._reactor
             self._pinger.start(self._ping_s, now=False)
 
+    @property
+    def serving(self) -> bool:
+        """Whether this node serves Kafka clients (its listeners are open), as its PINGs say."""
+        return self._serving
+
+    @serving.setter
+    def serving(self, value: bool) -> None:
+        changed = value != self._serving
+        self._serving = value
+        if changed and self._pinger is not None and self._pinger.running:
+            self._ping()  # the peers list or drop this node now, not a PING later
+
     def _ping(self) -> None:
-        ping = _U64x3.pack(PING_ID, self.node_id, 0)
+        ping = _U64x3.pack(PING_ID, self.node_id, 0 if self._serving else STARTING)
         for peer in self._peers.values():
             if peer.link is not None:
                 try:
@@ -321,6 +347,23 @@ class RaftTransport:
                 if peer.link is not None and now - heard.get(i, -FROZEN_S - 1) <= FROZEN_S}
         live.update(i for i, at in heard.items() if now - at <= within_s)
         return live
+
+    def serving_peers(self, within_s: float) -> set[int]:
+        """``live_peers`` that serve Kafka clients: not starting up (catching up before its
+        listeners open) nor stopping, as far as their PINGs tell."""
+        return self.live_peers(within_s) - self._starting
+
+    def _heard_from(self, peer: int, now: float, link: _Link) -> None:
+        """Note a frame from ``peer`` on ``link``. A peer heard before that speaks on a new
+        incoming link (a restarted process connects afresh, often within ``FROZEN_S``) or
+        after a longer silence counts as starting until its next PING."""
+        last = self._heard.get(peer)  # None too once the link to it was lost
+        if peer in self._met and (last is None or now - last > FROZEN_S
+                                  or not (link.outgoing or link.heard_on)):
+            self._starting.add(peer)
+        self._met.add(peer)
+        link.heard_on = True
+        self._heard[peer] = now
 
     # ------------------------------------------------------------------ outgoing
 
@@ -362,6 +405,9 @@ class RaftTransport:
         peer.connecting = False
         peer.link = link
         peer.backoff = 0.0
+        if peer.node_id in self._met:  # a new process, or a link back after a blip:
+            self._starting.add(peer.node_id)  # serving again once its PING says so
+        self._met.add(peer.node_id)
         self._heard[peer.node_id] = self._reactor.seconds()  # it answered: alive just now
         log.info("raft link to node {peer} up", peer=peer.node_id)
 
@@ -440,7 +486,7 @@ class RaftTransport:
                 log.warn("raft link: undecodable message: {e}", e=e)
                 return
             if message.frm in self._peers:
-                self._heard[message.frm] = self._reactor.seconds()
+                self._heard_from(message.frm, self._reactor.seconds(), link)
             if self._receiver is not None:
                 self._receiver.receive(message)
         elif kind == FORWARD:
@@ -450,7 +496,11 @@ class RaftTransport:
             rid, index, term = _U64x3.unpack(payload)
             if rid == PING_ID:
                 if index in self._peers:
-                    self._heard[index] = self._reactor.seconds()
+                    self._heard_from(index, self._reactor.seconds(), link)
+                    if term == STARTING:
+                        self._starting.add(index)
+                    else:
+                        self._starting.discard(index)
             else:
                 self._finish(rid, (index, term))
         elif kind == FORWARD_ERR:

@@ -177,6 +177,13 @@ class ChannelStore:
         check = getattr(self._proposer, "is_leader", None)
         return True if check is None else check()
 
+    def set_serving(self, serving: bool) -> None:
+        """Tell the other cluster members whether this node serves Kafka clients: they list
+        it in Metadata only while it does (``RaftTransport.serving``). No-op without peers."""
+        transport = getattr(self._proposer, "transport", None)
+        if transport is not None:
+            transport.serving = serving
+
     def catch_up(self, timeouts: int = 5) -> Deferred:
         """Fire (True) once this node has applied everything the cluster's leader had
         committed when it was asked: an empty write goes through Raft (a follower forwards

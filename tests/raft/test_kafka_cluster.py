@@ -615,6 +615,52 @@ def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     assert raft_metric(cluster.brokers[victim], "kmqkafka_raft_role", role="follower") == 1
 
 
+def test_a_restarted_node_is_listed_only_once_it_serves_clients(cluster: Cluster):
+    """Kafka keeps a restarting broker fenced, out of Metadata, until it has caught up. A
+    restarted node here takes part in Raft while it catches up, before its listeners open:
+    the others used to list it (and count it in the ISR) at once, and clients sent there
+    met a refused connection."""
+    from tests.conftest import _spawn
+
+    leader = cluster.leader()
+    victim = cluster.follower()
+    node = cluster.brokers[victim]
+    node.kill()
+    survivors = set(IDS) - {victim}
+    for i in survivors:
+        wait_for(lambda: lists_only(cluster.kafka_ports[i], survivors, "alive"), timeout=10,
+                 what=f"node {i} drops node {victim}")
+    # Something to catch up on, so the restarted node spends a while in Raft before serving.
+    p = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap(leader), "acks": "all",
+                                  "linger.ms": 20, "batch.size": 1 << 20})
+    for _ in range(30_000):
+        p.produce("catch-up", b"c" * 1024, partition=0)
+        p.poll(0)
+    assert p.flush(60) == 0
+
+    node.history.append(node.proc)
+    node.proc = _spawn(node.cwd, node.env, node.args, node.log_path, node.prefix)
+    listed_early = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        listed = {b.node_id for b in metadata(cluster.kafka_ports[leader], ("alive",)).brokers}
+        if victim in listed:
+            # /health is 200 once the listeners are open (its own port is open from the
+            # start: connecting to a closed Kafka port could connect to itself and take it).
+            if node.health() == 200:
+                break
+            listed_early += 1
+        assert node.proc.poll() is None, node.log()
+        time.sleep(0.01)
+    else:
+        raise AssertionError(f"node {victim} never listed again")
+    assert not listed_early, f"listed before its listeners opened ({listed_early} times)"
+    _wait_healthy(node, 30)
+    for i in IDS:
+        wait_for(lambda: lists_only(cluster.kafka_ports[i], set(IDS), "alive"),
+                 what=f"node {i} lists node {victim} again")
+
+
 # --- consumer group across a leader failover, then every node agrees -------------------
 
 

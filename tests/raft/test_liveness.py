@@ -18,7 +18,9 @@ from kmqkafka.kafka.context import Broker
 from kmqkafka.metrics import Metrics
 from kmqkafka.raft.messages import HeartbeatResp, encode
 from kmqkafka.raft.proposer import Member
-from kmqkafka.raft.transport import FORWARD_OK, FROZEN_S, RAFT, RaftTransport, _HEAD
+from kmqkafka.raft.transport import (
+    FORWARD_OK, FROZEN_S, RAFT, STARTING, RaftTransport, _HEAD,
+)
 
 PEERS = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002), 3: ("127.0.0.1", 1003)}
 
@@ -71,6 +73,48 @@ def test_a_node_pings_every_peer_it_has_a_link_to():
     # A FORWARD_OK for request id 0 (none has it), naming the sender: older nodes ignore it.
     assert to_2.transport.value() == _HEAD.pack(25, FORWARD_OK) + b"".join(
         n.to_bytes(8, "big") for n in (0, 1, 0))
+
+
+def ping(sender: int, term: int = 0) -> bytes:
+    return _HEAD.pack(25, FORWARD_OK) + b"".join(n.to_bytes(8, "big") for n in (0, sender, term))
+
+
+def test_a_node_not_serving_clients_says_so_in_its_pings():
+    """The daemon starts its transport not serving and sets it once its listeners are open;
+    the change goes out at once, not a ping interval later."""
+    reactor = MemoryReactorClock()
+    t = RaftTransport(1, PEERS[1], PEERS, reactor, random.Random(0), run_io=None, serving=False)
+    t.start(SimpleNamespace(receive=lambda m: None))
+    to_2 = dial(reactor, 1002)
+    reactor.advance(0.25)
+    assert to_2.transport.value() == ping(1, STARTING)
+    to_2.transport.clear()
+    t.serving = True
+    assert to_2.transport.value() == ping(1)
+
+
+def test_a_restarted_peer_is_live_but_not_serving_until_its_ping_says_so():
+    """Kafka lists a restarted broker only once it has caught up. A peer is met, its process
+    dies (the link goes) and a new one speaks on a new link within FROZEN_S: live for Raft,
+    left out of ``serving_peers`` until a PING of its own says it serves clients."""
+    t, reactor = started_transport()
+    old = reactor.tcpServers[0][1].buildProtocol(None)
+    old.makeConnection(StringTransport())
+    old.dataReceived(ping(2))
+    assert t.serving_peers(1.0) == {2}
+    old.connectionLost(Failure(ConnectionLost()))
+    reactor.advance(1.0)
+    new = reactor.tcpServers[0][1].buildProtocol(None)
+    new.makeConnection(StringTransport())
+    payload = encode(HeartbeatResp(frm=2, to=1, term=1))
+    new.dataReceived(_HEAD.pack(len(payload) + 1, RAFT) + payload)
+    assert t.live_peers(1.0) == {2} and t.serving_peers(1.0) == set()
+    new.dataReceived(ping(2, STARTING))  # catching up, listeners not open yet
+    assert t.serving_peers(1.0) == set()
+    new.dataReceived(ping(2))
+    assert t.serving_peers(1.0) == {2}
+    new.dataReceived(ping(2, STARTING))  # stopping: dropped before it goes
+    assert t.live_peers(1.0) == {2} and t.serving_peers(1.0) == set()
 
 
 def test_a_hung_peer_whose_link_stays_up_drops_out_after_frozen_s():
