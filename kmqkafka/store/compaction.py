@@ -14,7 +14,10 @@ clean that sees it, which stamps its batch with a delete horizon of now +
 batches are kept untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
 offset, span (last offset delta), codec, attributes, producer id/epoch, base sequence and
 leader epoch, with offset deltas that leave gaps. A batch left without records disappears;
-a segment may become an empty file (it is kept so log_start never moves). A batch of an
+a segment may become an empty file (it is kept so log_start never moves), dated by the
+newest record it held: the file's mtime is set to that timestamp, as Kafka's cleaner gives
+its output the original segment's last-modified time, so ``retention.ms`` expires it when it
+would have expired the records (recovery reads the date back). A batch of an
 idempotent producer at or above the plan's ``producer_floor`` left without records stays as
 an empty batch (Kafka's cleaner does this for a producer's last batch): restart rebuilds the
 producer state from those headers (producer_state.py), which must not change under it.
@@ -50,6 +53,7 @@ class SegmentSource:
     generation: int
     size: int
     fd: int
+    max_timestamp: int = records.NO_TIMESTAMP  # the segment's newest record, before cleaning
 
 
 @dataclass(slots=True)
@@ -202,6 +206,9 @@ class CompactionPlan:
                 return None, removed, due
             write_all(fd, pending)
             written += len(pending)
+            if not written and src.max_timestamp >= 0:
+                date = src.max_timestamp * 1_000_000
+                os.utime(fd, ns=(date, date))  # set before the fsync that makes it durable
             os.fsync(fd)
         finally:
             if fd >= 0:
@@ -215,7 +222,7 @@ class CompactionPlan:
             base=src.base,
             generation=src.generation,
             size=written,
-            max_timestamp=builder.max_timestamp,
+            max_timestamp=builder.max_timestamp if written else src.max_timestamp,
             max_timestamp_rel=builder.max_timestamp_rel,
             log_path=log_path,
             index_path=files[0][1],

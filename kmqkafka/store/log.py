@@ -173,14 +173,26 @@ def _expired(seg: Segment, cfg: LogConfig, now_ms: int) -> bool:
     """Whether ``seg``'s newest record is older than ``retention.ms``. A segment with data but
     no timestamp (batches stored with a max timestamp of -1 before produce recomputed it) is
     never expired by time: it cannot be dated alike on every node, and guessing 1970 deleted
-    acknowledged records at the next retention run. A closed segment the cleaner emptied has
-    nothing left to date and expires at once (Kafka dates it by its file's mtime): kept, it
-    stopped time retention of every segment behind it on a ``compact,delete`` topic."""
+    acknowledged records at the next retention run. A closed segment the cleaner emptied keeps
+    the date of the newest record it held (Kafka dates it by the mtime its cleaner carries
+    over), so the log start of a ``compact,delete`` topic does not jump past it, and consumers
+    behind it are not reset, before ``retention.ms``; one with no date left expires at once:
+    kept, it stopped time retention of every segment behind it."""
     if cfg.retention_ms is None:
         return False
-    if seg.size == 0 and seg.write_fd is None:
+    if seg.size == 0 and seg.write_fd is None and seg.max_timestamp < 0:
         return True
     return seg.max_timestamp >= 0 and now_ms - seg.max_timestamp > cfg.retention_ms
+
+
+def _date_emptied(seg: Segment) -> None:
+    """Recovery: a closed segment the cleaner emptied is dated by its file's mtime, which
+    compaction set to the newest record it held (``_expired``)."""
+    if seg.size == 0 and seg.max_timestamp < 0:
+        try:
+            seg.max_timestamp = os.stat(seg.path()).st_mtime_ns // 1_000_000
+        except FileNotFoundError:
+            pass  # no file, no date: it expires at once
 
 
 def _waited_for_roll(active: Segment, batch_max_ts: int, now_ms: int) -> int:
@@ -351,6 +363,7 @@ class ChannelLog:
             upper = None if last else bases[i + 1]
             if not last and self._load_closed(seg, upper):
                 seg.end = upper
+                _date_emptied(seg)
                 self._append_segment(seg)
                 continue
             scan = load_saved_scan(seg) if last else None
@@ -381,6 +394,7 @@ class ChannelLog:
                 os.close(fd)
                 os.replace(part, final)
             seg.map_indexes()
+            _date_emptied(seg)
         assert active is not None
         active.open_for_append(interval)
         if sync:  # else the state machine's next flush syncs the new directory
@@ -877,7 +891,7 @@ class ChannelLog:
             if not seg.size:
                 continue
             sources.append(SegmentSource(seg.base, seg.generation, seg.size,
-                                         os.open(seg.path(), os.O_RDONLY)))
+                                         os.open(seg.path(), os.O_RDONLY), seg.max_timestamp))
         if not sources:
             return None
         self._cleaning = True

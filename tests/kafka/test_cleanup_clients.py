@@ -118,3 +118,37 @@ def test_segments_roll_by_record_time_so_retention_drops_old_records(
         assert (low, high) == (1, 2)
     finally:
         c.close()
+
+
+def test_compact_delete_keeps_the_log_start_under_segments_the_cleaner_emptied(
+        kafka: BrokerProcess) -> None:
+    """compact,delete with a week's retention: once the cleaner empties the first segments
+    (every key superseded), Kafka keeps them, dated by their records, until retention.ms:
+    the low watermark stays 0 and a consumer at offset 1 reads on instead of being reset."""
+    topic = create(kafka, {"cleanup.policy": "compact,delete", "segment.ms": "100"})
+    start = int(time.time() * 1000) - 60_000
+    pairs: list[tuple[bytes | None, bytes | None]] = [
+        (b"a", b"1"), (b"a", b"2"), (b"b", b"1"), (b"a", b"3"), (b"z", b"x")]
+    for i, pair in enumerate(pairs):
+        produce(kafka, topic, [pair], start + i * 1000)  # each record rolls a segment
+    want = [(2, b"b", b"1"), (3, b"a", b"3"), (4, b"z", b"x")]
+    wait_for(kafka, topic, want)
+    time.sleep(1.0)  # several retention checks after the clean
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": "cleanup-emptied",
+                  "auto.offset.reset": "latest", "enable.partition.eof": True})
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=WAIT) == (0, 5)
+        c.assign([TopicPartition(topic, 0, 1)])
+        got: list[int] = []
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            if m.error():
+                assert m.error().code() == -191, m.error()  # only _PARTITION_EOF
+                break
+            got.append(m.offset())
+        assert got == [2, 3, 4]
+    finally:
+        c.close()

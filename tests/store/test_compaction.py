@@ -355,3 +355,26 @@ def test_time_retention_goes_on_past_segments_the_cleaner_emptied(tmp_path: Path
     log = reopen(log)
     assert (log.log_start, log.next_sequence) == (13, 13)
     log.close()
+
+
+def test_segments_the_cleaner_emptied_keep_their_records_date(tmp_path: Path) -> None:
+    """Kafka dates a cleaned segment by the original's last-modified time: one the cleaner
+    emptied expires retention.ms after its records would have, not at once, so the log
+    start of a compact,delete topic stays put (across a restart too) until then."""
+    cfg = COMPACT.with_changes(cleanup_policy="compact,delete", retention_ms=4_000)
+    log = ChannelLog.open(tmp_path, cfg, 0)
+    for i in range(12):
+        log.append(make_batch(1, key=b"same", value=b"p" * 60, ts=1_000 + i), 1_000 + i)
+    log.roll()
+    flush(log)
+    _compact(log, 2_000)
+    assert log.segment_count > 2
+    assert log.enforce_retention(3_000) == 0
+    assert log.log_start == 1
+    log = reopen(log)
+    assert log.enforce_retention(3_000) == 0
+    assert log.log_start == 1
+    assert [s for s, _, _ in _kv(log)] == [12]
+    assert log.enforce_retention(100_000) > 0
+    assert (log.log_start, log.next_sequence) == (13, 13)
+    log.close()
