@@ -187,10 +187,12 @@ def _expired(seg: Segment, cfg: LogConfig, now_ms: int) -> bool:
 
 def _date_emptied(seg: Segment) -> None:
     """Recovery: a closed segment the cleaner emptied is dated by its file's mtime, which
-    compaction set to the newest record it held (``_expired``)."""
+    compaction set to the newest record it held (``_expired``). Rounded to the nearest ms: a
+    snapshot's tar carries the mtime as float seconds, a few hundred ns off, and every node
+    must date the segment alike."""
     if seg.size == 0 and seg.max_timestamp < 0:
         try:
-            seg.max_timestamp = os.stat(seg.path()).st_mtime_ns // 1_000_000
+            seg.max_timestamp = (os.stat(seg.path()).st_mtime_ns + 500_000) // 1_000_000
         except FileNotFoundError:
             pass  # no file, no date: it expires at once
 
