@@ -100,6 +100,12 @@ def handle(request: Any, ctx: RequestContext) -> Any:
         return make(ctx.response_type, throttle_time=NO_THROTTLE,
                     error_code=ErrorCode.transactional_id_authorization_failed, producer_id=-1,
                     producer_epoch=-1)
+    # v3+ (KIP-360) may name the producer: KafkaApis refuses a half-named one (an id without
+    # an epoch or the reverse) before it reaches the coordinator.
+    named_id = getattr(request, "producer_id", -1) != -1
+    if named_id != (getattr(request, "producer_epoch", -1) != -1):
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.invalid_request, producer_id=-1, producer_epoch=-1)
     # Without a transactional id Kafka always answers a new producer id at epoch 0, whatever
     # id and epoch the request names (KIP-360 lets it name them; an idempotent producer bumps
     # its epoch itself): answering that id's next epoch would let any client fence any

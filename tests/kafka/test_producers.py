@@ -44,6 +44,17 @@ def test_naming_an_existing_producer_gets_a_new_id_as_in_kafka(broker):
     assert claimed.producer_epoch == 0
 
 
+def test_a_half_named_producer_is_an_invalid_request_as_in_kafka(broker):
+    """KafkaApis answers INVALID_REQUEST when only one of producer id and epoch is -1, and
+    hands out no id; naming both, or neither, is served."""
+    for pid, epoch in ((-1, 3), (42, -1)):
+        r = init(broker.kafka_port, pid=pid, epoch=epoch)
+        assert (r.error_code, r.producer_id, r.producer_epoch) == (
+            ErrorCode.invalid_request, -1, -1)
+    assert init(broker.kafka_port, pid=42, epoch=3).error_code == ErrorCode.none
+    assert init(broker.kafka_port).error_code == ErrorCode.none
+
+
 def test_transactional_producers_fail_at_once_not_after_their_timeout(broker):
     """No transactions here: the refusal must not be retriable, or every client retries
     until its own timeout (a minute by default) before reporting anything."""
