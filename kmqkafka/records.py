@@ -338,19 +338,36 @@ def _zstd_frames(data: bytes) -> Iterator[bytes]:
             yield chunk
 
 
-def compress(codec: int, data: bytes) -> bytes:
-    """Compress a records section; snappy uses the raw block format librdkafka reads."""
+def compress(codec: int, data: bytes, level: int | None = None) -> bytes:
+    """Compress a records section (``level``: the codec's own, None for its default; snappy
+    has none); snappy uses the raw block format librdkafka reads."""
     if codec == COMPRESSION_NONE:
         return data
     if codec == COMPRESSION_GZIP:
-        return bytes(cramjam.gzip.compress(data))
+        return bytes(cramjam.gzip.compress(data, level=level))
     if codec == COMPRESSION_SNAPPY:
         return bytes(cramjam.snappy.compress_raw(data))
     if codec == COMPRESSION_LZ4:
-        return bytes(cramjam.lz4.compress(data))
+        return bytes(cramjam.lz4.compress(data, level=level))
     if codec == COMPRESSION_ZSTD:
-        return bytes(cramjam.zstd.compress(data))
+        return bytes(cramjam.zstd.compress(data, level=level))
     raise UnsupportedCompression(f"unknown compression codec {codec}")
+
+
+def recompressed(batch: bytes, codec: int, level: int | None = None) -> bytes:
+    """A copy of ``batch`` with its records section in ``codec``: every header field but the
+    length, the codec bits of the attributes and the CRC kept as they were (producer id,
+    epoch, sequence, timestamps). Kafka's broker-side recompression for a topic whose
+    ``compression.type`` names a codec; raises InvalidBatch if the records do not decompress."""
+    header = read_header(batch)
+    body = decompress(header.compression, memoryview(batch)[HEADER_SIZE:header.size])
+    out = bytearray(batch[:HEADER_SIZE])
+    out += compress(codec, body, level)
+    struct.pack_into(">i", out, 8, len(out) - 12)
+    (attributes,) = struct.unpack_from(">h", out, 21)
+    struct.pack_into(">h", out, 21, (attributes & ~COMPRESSION_MASK) | codec)
+    struct.pack_into(">I", out, 17, crc32c(memoryview(out)[21:]))
+    return bytes(out)
 
 
 def _snappy_blocks(data: bytes, limit: int) -> Iterator[bytes]:

@@ -123,14 +123,11 @@ _DOCS: dict[str, str] = {
     "segment.ms": "Age at which a partition's channel rolls to a new segment.",
     "max.message.bytes": "Largest record batch a partition accepts.",
     "delete.retention.ms": "How long a tombstone survives after the clean that first kept it.",
-    "compression.type": "Codec batches are stored with; 'producer' keeps what the client sent "
-                        "(this broker always stores batches as sent).",
-    "compression.gzip.level": "gzip level for broker-side recompression (accepted; batches are "
-                              "stored as sent).",
-    "compression.lz4.level": "lz4 level for broker-side recompression (accepted; batches are "
-                             "stored as sent).",
-    "compression.zstd.level": "zstd level for broker-side recompression (accepted; batches are "
-                              "stored as sent).",
+    "compression.type": "Codec batches are stored with; 'producer' keeps what the client sent, "
+                        "a codec (or 'uncompressed') recompresses batches sent in another.",
+    "compression.gzip.level": "gzip level for broker-side recompression.",
+    "compression.lz4.level": "lz4 level for broker-side recompression.",
+    "compression.zstd.level": "zstd level for broker-side recompression.",
     "file.delete.delay.ms": "Delay before a deleted segment's files go (accepted; deletion is "
                             "immediate here).",
     "flush.messages": "Records between forced flushes; acknowledged batches are fsynced by "

@@ -17,7 +17,9 @@ stamps the partition leader epoch (0) as it writes the batch, as Kafka does. Top
 ``message.timestamp.type=LogAppendTime`` get Kafka's rewrite (timestamp type bit, max
 timestamp = broker time, new CRC) in a copy of the batch; on CreateTime topics a batch whose
 header max timestamp cannot be right gets it recomputed from its records
-(``_with_max_timestamp``).
+(``_with_max_timestamp``). A topic whose ``compression.type`` names a codec gets a batch sent
+in another recompressed, on a decoding thread (``_Recompression``), as Kafka's LogValidator
+does.
 
 Idempotent producers (a batch with a producer id): the batch must carry a base sequence >= 0
 (else INVALID_RECORD); its sequence and epoch are checked by the store when the append is
@@ -217,6 +219,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
     segment_bytes = int(topic.config_value("segment.bytes") or _UNBOUNDED)
     log_append = topic.config_value("message.timestamp.type") == "LogAppendTime"
     rules = _RecordRules.of(topic, log_append)
+    target = _Recompression.of(topic, limit)
     durable = acks == -1
     short_isr = durable and _short_isr(ctx, topic)
     # The broker's clock, once per request, only for LogAppendTime and timestamp bounds.
@@ -252,9 +255,12 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
         try:
             header = _check(blob, limit, version, segment_bytes)
             blob = _client_timestamp_type(blob, header, log_append)
-            if header.compression != records.COMPRESSION_NONE:
+            recompress = (target if target is not None and target.codec != header.compression
+                          else None)
+            if header.compression != records.COMPRESSION_NONE or recompress is not None:
                 ready = decoding.off_reactor(broker.reactor, slots, _decoded, blob, header,
-                                             log_append, rules, now_ms, name, broker.reactor)
+                                             log_append, rules, now_ms, name, broker.reactor,
+                                             recompress)
                 out.append(order.run(channel, ready, append))
                 continue
             blob = _decoded(blob, header, log_append, rules, now_ms, name, broker.reactor)
@@ -304,7 +310,8 @@ class _Gathered:
 
 
 def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
-             rules: "_RecordRules | None", now_ms: int, name: str, clock: Any) -> bytes:
+             rules: "_RecordRules | None", now_ms: int, name: str, clock: Any,
+             recompress: "_Recompression | None" = None) -> bytes:
     """The checks that may decode the records of ``blob`` (header ``header``), and the batch
     to store; raises ``KafkaError`` for a refusal. Runs on a thread for a compressed batch
     (``decoding``), so it touches nothing shared: every compressed batch is decompressed and
@@ -316,6 +323,8 @@ def _decoded(blob: bytes, header: records.BatchHeader, log_append: bool,
             records.check_records(blob, header)
         except records.InvalidBatch as exc:
             raise KafkaError(ErrorCode.corrupt_message, str(exc)) from None
+    if recompress is not None:
+        blob, header = recompress.apply(blob)
     if not log_append:
         blob = _with_max_timestamp(blob, header, clock)
     if rules is not None:
@@ -426,6 +435,49 @@ class _RecordRules:
                     f"{now_ms + self.after_ms}]")
         return None
 
+
+class _Recompression(NamedTuple):
+    """A topic whose ``compression.type`` names a codec: Kafka's LogValidator stores every
+    batch in that codec (``uncompressed``: none), recompressing one the producer sent in
+    another at the topic's ``compression.<codec>.level``, and checks the result against
+    ``max.message.bytes`` again. Batches already in it are stored as sent."""
+
+    codec: int
+    level: int | None
+    limit: int
+
+    @classmethod
+    def of(cls, topic: Topic, limit: int) -> "_Recompression | None":
+        """The topic's recompression, None for ``producer`` (keep what the client sent)."""
+        named = topic.config_value("compression.type")
+        if named is None or named == "producer":
+            return None
+        codec, level_config = _TOPIC_CODECS[named]
+        level = int(topic.config_value(level_config) or -1) if level_config else None
+        if level == -1 and codec == records.COMPRESSION_GZIP:
+            level = None  # gzip's -1 is zlib's own default
+        return cls(codec, level, limit)
+
+    def apply(self, blob: bytes) -> tuple[bytes, records.BatchHeader]:
+        """The batch in the topic's codec and its header; raises ``KafkaError``."""
+        try:
+            out = records.recompressed(blob, self.codec, self.level)
+        except records.InvalidBatch as exc:
+            raise KafkaError(ErrorCode.corrupt_message, str(exc)) from None
+        if len(out) > self.limit:
+            raise KafkaError(ErrorCode.message_too_large,
+                             f"batch of {len(out)} bytes once recompressed exceeds "
+                             f"max.message.bytes {self.limit}")
+        return out, records.read_header(out)
+
+
+_TOPIC_CODECS = {
+    "uncompressed": (records.COMPRESSION_NONE, None),
+    "gzip": (records.COMPRESSION_GZIP, "compression.gzip.level"),
+    "snappy": (records.COMPRESSION_SNAPPY, None),
+    "lz4": (records.COMPRESSION_LZ4, "compression.lz4.level"),
+    "zstd": (records.COMPRESSION_ZSTD, "compression.zstd.level"),
+}
 
 _UNBOUNDED = 2**63 - 1
 MAX_CHECKED_RECORDS = 200_000

@@ -78,9 +78,9 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "segment.ms": str(7 * _DAY_MS),
     "unclean.leader.election.enable": "false",
     "message.downconversion.enable": "true",
-    # Accepted, stored and described as Kafka does, with no effect on this store: codec
-    # levels (the producer's batch is stored as sent), tiered storage, replication
-    # throttles, and the message-format settings Kafka 3.x still lists.
+    # Codec levels apply when a topic's compression.type recompresses a batch. The rest are
+    # accepted, stored and described as Kafka does, with no effect on this store: tiered
+    # storage, replication throttles, and the message-format settings Kafka 3.x still lists.
     "compression.gzip.level": "-1",
     "compression.lz4.level": "9",
     "compression.zstd.level": "3",

@@ -269,6 +269,43 @@ def test_record_level_topic_rules(broker: BrokerProcess, raw: Raw) -> None:
     assert time.monotonic() - started < 2
 
 
+def test_a_topic_codec_recompresses_what_producers_send(broker: BrokerProcess,
+                                                        raw: Raw) -> None:
+    """Kafka's LogValidator stores a batch in the topic's compression.type when that names a
+    codec (``uncompressed``: none), keeping the producer's id, epoch and sequence; with
+    ``producer`` (the default) the batch stays as sent. A real idempotent client's lz4
+    batches are read back in the topic's codec with every record intact."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    codecs = {"gzip": records.COMPRESSION_GZIP, "zstd": records.COMPRESSION_ZSTD,
+              "uncompressed": records.COMPRESSION_NONE, "producer": records.COMPRESSION_LZ4}
+    topics = {unique(f"codec-{name}"): name for name in codecs}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    fs = admin.create_topics([
+        NewTopic(t, 1, config={"compression.type": name, "compression.zstd.level": "1"})
+        for t, name in topics.items()])
+    for f in fs.values():
+        f.result(15)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "lz4",
+                  "enable.idempotence": True, "linger.ms": 20})
+    for t in topics:
+        for i in range(30):
+            p.produce(t, value=b"value-%d" % i * 8, key=b"k%d" % i)
+    assert p.flush(15) == 0
+    for t, name in topics.items():
+        data = bytes(parts_of(fetch(raw, t, {0: 0}))[0].records or b"")
+        batches = records.split_batches(data)
+        assert {h.compression for _pos, h in batches} == {codecs[name]}, name
+        assert all(h.producer_id >= 0 and h.base_sequence >= 0 for _pos, h in batches)
+        values = [r.value for pos, _h in batches for r in records.iter_records(data, pos)]
+        assert values == [b"value-%d" % i * 8 for i in range(30)], name
+    gzip_topic = next(t for t, name in topics.items() if name == "gzip")
+    plain = batch(3)
+    answer = produce(raw, gzip_topic, {0: plain})[0]
+    assert (answer.error_code, answer.base_offset) == (E.none, 30)
+
+
 def test_a_compression_bomb_to_a_compacted_topic_is_refused(broker: BrokerProcess,
                                                              raw: Raw) -> None:
     """A compacted topic's records are decoded to check keys: a few KiB of zstd that would
