@@ -525,6 +525,11 @@ def _check(blob: bytes | None, limit: int, version: int,
         raise KafkaError(ErrorCode.corrupt_message, "record set shorter than a batch header")
     view = memoryview(blob)
     header = records.read_header(view)
+    if header.attributes & records.TRANSACTIONAL_FLAG:
+        # KafkaApis checks the transactional id of a request with transactional batches
+        # before anything else; no transactional id is ever granted here (producers.py).
+        raise KafkaError(ErrorCode.transactional_id_authorization_failed,
+                         "transactions are not supported by this broker")
     if version < 7 and header.compression == records.COMPRESSION_ZSTD:
         raise KafkaError(ErrorCode.unsupported_compression_type,
                          f"Produce requests with version {version} are not allowed to use "

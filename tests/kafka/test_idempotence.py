@@ -171,6 +171,24 @@ def test_a_producer_id_without_a_sequence_is_an_invalid_record(shared: BrokerPro
     assert (answer.error_code, answer.error_message) == (E.invalid_record, None)
 
 
+def test_a_transactional_batch_is_refused_as_kafka_refuses_its_transactional_id(
+        shared: BrokerProcess):
+    """Kafka checks the transactional id of a Produce carrying transactional batches before
+    anything else (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53); no transactional id is ever
+    granted here, so such a batch is never stored, where it would stay an open transaction
+    that no marker ever ends."""
+    pid, epoch = init_producer(shared.kafka_port)
+    topic = unique("txn-batch")
+    txn = records.build_batch([records.NewRecord(value=b"t", timestamp=1_700_000_000_000)],
+                              now_ms=1_700_000_000_000, attributes=records.TRANSACTIONAL_FLAG,
+                              producer_id=pid, producer_epoch=epoch, base_sequence=0)
+    answer = produce(shared.kafka_port, topic, txn)
+    assert (answer.error_code, answer.base_offset) == (
+        E.transactional_id_authorization_failed, -1)
+    assert produce(shared.kafka_port, topic, idem(pid, epoch, 0)).base_offset == 0
+    assert [v for _o, v, _p, _s in stored(shared.kafka_port, topic)] == [b"v0"]
+
+
 def test_an_unknown_producer_may_start_anywhere_and_plain_batches_are_unchecked(
         shared: BrokerProcess):
     port, topic = shared.kafka_port, unique("unknown")
