@@ -449,10 +449,10 @@ class _Recompression(NamedTuple):
     @classmethod
     def of(cls, topic: Topic, limit: int) -> "_Recompression | None":
         """The topic's recompression, None for ``producer`` (keep what the client sent)."""
-        named = topic.config_value("compression.type")
-        if named is None or named == "producer":
+        known = _TOPIC_CODECS.get(topic.config_value("compression.type") or "producer")
+        if known is None:  # "producer" (validated on the way in: nothing else is stored)
             return None
-        codec, level_config = _TOPIC_CODECS[named]
+        codec, level_config = known
         level = int(topic.config_value(level_config) or -1) if level_config else None
         if level == -1 and codec == records.COMPRESSION_GZIP:
             level = None  # gzip's -1 is zlib's own default
