@@ -337,9 +337,9 @@ def test_one_compaction_plan_at_a_time(tmp_path: Path) -> None:
     log.close()
 
 
-def test_time_retention_goes_on_past_segments_the_cleaner_emptied(tmp_path: Path) -> None:
-    """compact,delete: segments emptied by compaction (every key superseded later) expire
-    like any other, so time retention keeps dropping the segments behind them."""
+def _superseded_then_compacted(tmp_path: Path) -> ChannelLog:
+    """A compact,delete log (retention.ms 4 s, 400-byte segments) of twelve records of one
+    key dated 1,000-1,011 ms, compacted at 2,000 ms: every segment but the last emptied."""
     cfg = COMPACT.with_changes(cleanup_policy="compact,delete", retention_ms=4_000)
     log = ChannelLog.open(tmp_path, cfg, 0)
     for i in range(12):
@@ -347,6 +347,13 @@ def test_time_retention_goes_on_past_segments_the_cleaner_emptied(tmp_path: Path
     log.roll()
     flush(log)
     _compact(log, 2_000)
+    return log
+
+
+def test_time_retention_goes_on_past_segments_the_cleaner_emptied(tmp_path: Path) -> None:
+    """compact,delete: segments emptied by compaction (every key superseded later) expire
+    like any other, so time retention keeps dropping the segments behind them."""
+    log = _superseded_then_compacted(tmp_path)
     assert [s for s, _, _ in _kv(log)] == [12]
     assert log.segment_count > 2  # emptied segments before the one keeping offset 12
     assert log.enforce_retention(100_000) > 0
@@ -361,13 +368,7 @@ def test_segments_the_cleaner_emptied_keep_their_records_date(tmp_path: Path) ->
     """Kafka dates a cleaned segment by the original's last-modified time: one the cleaner
     emptied expires retention.ms after its records would have, not at once, so the log
     start of a compact,delete topic stays put (across a restart too) until then."""
-    cfg = COMPACT.with_changes(cleanup_policy="compact,delete", retention_ms=4_000)
-    log = ChannelLog.open(tmp_path, cfg, 0)
-    for i in range(12):
-        log.append(make_batch(1, key=b"same", value=b"p" * 60, ts=1_000 + i), 1_000 + i)
-    log.roll()
-    flush(log)
-    _compact(log, 2_000)
+    log = _superseded_then_compacted(tmp_path)
     assert log.segment_count > 2
     assert log.enforce_retention(3_000) == 0
     assert log.log_start == 1
