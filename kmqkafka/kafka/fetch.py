@@ -70,14 +70,16 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     """Serve one Fetch; returns the response, or a Deferred of it when the fetch parks."""
     version = ctx.api_version
     uses_ids = version >= 13
-    requested: list[Wanted] = []
+    # Keyed as Kafka's request map (a LinkedHashMap): a partition named twice is answered once,
+    # at its first place, for its last entry.
+    requested: dict[tuple[Hashable, int], Wanted] = {}
     epoch_errors: dict[tuple[Hashable, int], ErrorCode] = {}
     epoch = -1  # read once, for the first partition that asks for a check
     for t in request.topics:
         topic_key = t.topic_id if uses_ids else t.topic
         for p in t.partitions:
             key = (topic_key, p.partition)
-            requested.append(Wanted(key, p.fetch_offset, p.partition_max_bytes))
+            requested[key] = Wanted(key, p.fetch_offset, p.partition_max_bytes)
             current = getattr(p, "current_leader_epoch", -1)
             if current != -1:
                 if epoch < 0:
@@ -95,7 +97,7 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     fctx = session_cache(ctx.broker).new_context(
         getattr(request, "session_id", 0),
         getattr(request, "session_epoch", -1),
-        requested,
+        list(requested.values()),
         forgotten,
         uses_topic_ids=uses_ids,
         now=ctx.broker.reactor.seconds(),

@@ -515,6 +515,32 @@ def test_fetch_offsets_out_of_range_and_at_the_end(raw: Raw) -> None:
     assert parts_of(fetch(raw, topic, {3: 0}))[3].error_code is E.unknown_topic_or_partition
 
 
+
+def test_a_partition_named_twice_in_a_fetch_is_answered_once_for_its_last_entry(
+        raw: Raw) -> None:
+    """Kafka keys a Fetch's partitions in a map: a sessionless Fetch naming one twice gets one
+    answer for it, at its first place, read from the offset of its last entry."""
+    topic, other = unique("twice"), unique("twice-other")
+    for _ in range(3):
+        produce(raw, topic, {0: batch()})
+    produce(raw, other, {0: batch()})
+    entry = {"partition_max_bytes": 1 << 20, "current_leader_epoch": -1,
+             "last_fetched_epoch": -1, "log_start_offset": -1}
+    resp = raw.call(1, 12, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=1,
+                    max_bytes=1 << 20, isolation_level=0, session_id=0, session_epoch=-1,
+                    topics=[{"topic": topic, "partitions": [
+                        {"partition": 0, "fetch_offset": 0, **entry}]},
+                        {"topic": other, "partitions": [
+                            {"partition": 0, "fetch_offset": 0, **entry}]},
+                        {"topic": topic, "partitions": [
+                            {"partition": 0, "fetch_offset": 2, **entry}]}],
+                    forgotten_topics_data=[], rack_id="")
+    assert [(t.topic, [p.partition_index for p in t.partitions]) for t in resp.responses] == [
+        (topic, [0]), (other, [0])]
+    answer = resp.responses[0].partitions[0]
+    assert records.read_header(answer.records).base_offset == 2
+    assert len(answer.records) == len(batch())
+
 def test_fetch_limits_return_at_least_one_batch_for_the_first_partition_only(raw: Raw) -> None:
     a, b = unique("lim-a"), unique("lim-b")
     big = batch(1, value_size=4000)
