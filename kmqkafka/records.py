@@ -363,11 +363,25 @@ def recompressed(batch: bytes, codec: int, level: int | None = None) -> bytes:
     body = decompress(header.compression, memoryview(batch)[HEADER_SIZE:header.size])
     out = bytearray(batch[:HEADER_SIZE])
     out += compress(codec, body, level)
-    struct.pack_into(">i", out, 8, len(out) - 12)
-    (attributes,) = struct.unpack_from(">h", out, 21)
-    struct.pack_into(">h", out, 21, (attributes & ~COMPRESSION_MASK) | codec)
-    struct.pack_into(">I", out, 17, crc32c(memoryview(out)[21:]))
-    return bytes(out)
+    return resealed(out, attributes=(header.attributes & ~COMPRESSION_MASK) | codec)
+
+
+_ATTRIBUTES = struct.Struct(">h")
+_MAX_TIMESTAMP = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+
+
+def resealed(buf: bytearray, *, attributes: int | None = None,
+             max_timestamp: int | None = None) -> bytes:
+    """The whole batch ``buf`` (changed in place) with the header fields given replaced, its
+    length field its own size, and its CRC, which covers them, recomputed."""
+    _I32.pack_into(buf, 8, len(buf) - LOG_OVERHEAD)
+    if attributes is not None:
+        _ATTRIBUTES.pack_into(buf, 21, attributes)
+    if max_timestamp is not None:
+        _MAX_TIMESTAMP.pack_into(buf, 35, max_timestamp)
+    _CRC.pack_into(buf, 17, crc32c(memoryview(buf)[21:]))
+    return bytes(buf)
 
 
 def _snappy_blocks(data: bytes, limit: int) -> Iterator[bytes]:

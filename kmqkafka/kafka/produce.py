@@ -67,9 +67,7 @@ MAX_VERSION = 13
 
 log = Logger()
 
-_MAX_TS = struct.Struct(">q")
 _ATTRS = struct.Struct(">h")
-_CRC = struct.Struct(">I")
 _UTC = datetime.timezone.utc
 
 # Store refusals Kafka's log raises while appending (the producer's sequence or epoch): the
@@ -639,13 +637,7 @@ def _rewritten(blob: bytes, *, attributes: int | None = None,
                max_timestamp: int | None = None) -> bytes:
     """A copy of the batch ``blob`` with the header fields given replaced and its CRC (which
     covers them) recomputed."""
-    buf = bytearray(blob)
-    if attributes is not None:
-        _ATTRS.pack_into(buf, 21, attributes)
-    if max_timestamp is not None:
-        _MAX_TS.pack_into(buf, 35, max_timestamp)
-    _CRC.pack_into(buf, 17, records.crc32c(memoryview(buf)[21:]))
-    return bytes(buf)
+    return records.resealed(bytearray(blob), attributes=attributes, max_timestamp=max_timestamp)
 
 
 def _log_start(store: Any, channel: str) -> int:
