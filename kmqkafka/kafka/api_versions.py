@@ -1,8 +1,9 @@
 """ApiVersions (key 18): the advertised version table, computed from the dispatcher's registry.
 
-An ApiVersions request at a version this broker does not serve is answered the way Apache Kafka
-does: in the v0 layout (response header v0), with UNSUPPORTED_VERSION (35) and the full table, so
-the client can retry with a version it finds there.
+An error is answered as Kafka's ``ApiVersionsRequest.getErrorResponse`` builds it. A request at a
+version this broker does not serve gets the v0 layout (response header v0) with UNSUPPORTED_VERSION
+(35) and one entry, ApiVersions' own range, which is all a client needs to retry (KIP-511); a v3+
+request whose client software name or version is malformed gets INVALID_REQUEST (42) and no table.
 """
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ _LISTED_MIN = {PRODUCE_API_KEY: 0}
 
 
 def build_response(dispatcher: Dispatcher, version: int, error: ErrorCode) -> Any:
-    """The ApiVersions response of ``version`` listing ``dispatcher.advertised()``."""
+    """The ApiVersions response of ``version``: ``dispatcher.advertised()`` when ``error`` is none,
+    only ApiVersions' own entry for UNSUPPORTED_VERSION, and an empty table for any other error."""
     module = load_payload_module(API_KEY, version, EntityType.response)
     keys = tuple(
         module.ApiVersion(api_key=i16(k), min_version=i16(_LISTED_MIN.get(k, lo)),
                           max_version=i16(hi))
         for k, lo, hi in dispatcher.advertised()
+        if error == ErrorCode.none or (error == ErrorCode.unsupported_version and k == API_KEY)
     )
     kwargs: dict[str, Any] = {"error_code": error, "api_keys": keys}
     if version >= 1:

@@ -38,13 +38,15 @@ from conftest import HOST, BrokerProcess, http_get, make_self_signed, start_brok
 # -- raw frames ------------------------------------------------------------------------------
 
 
-def api_versions_frame(version: int, correlation_id: int, client_id: str = "wire-test") -> bytes:
+def api_versions_frame(version: int, correlation_id: int, client_id: str = "wire-test",
+                       software: bytes = b"wire-test") -> bytes:
     """A complete size-prefixed ApiVersions request (header v1 for v0-2, v2 for v3+)."""
     cid = client_id.encode()
     header = struct.pack(">hhih", 18, version, correlation_id, len(cid)) + cid
     if version >= 3:
         header += b"\x00"  # header tagged fields
-        body = b"\x0awire-test\x041.0\x00"  # compact strings + body tagged fields
+        # compact strings (software name, version) + body tagged fields
+        body = bytes([len(software) + 1]) + software + b"\x041.0\x00"
     else:
         body = b""
     payload = header + body
@@ -296,10 +298,23 @@ def test_unsupported_api_versions_version_answers_v0_layout_with_error_35(
         corr, body = decode_api_versions(read_response(sock), 0)
         assert corr == 13
         assert body.error_code == ErrorCode.unsupported_version
-        assert 18 in [k.api_key for k in body.api_keys]
+        # Kafka's getErrorResponse lists ApiVersions' own range and nothing else (KIP-511).
+        assert [(k.api_key, k.min_version, k.max_version) for k in body.api_keys] == [(18, 0, 4)]
         # The connection stays usable: the client retries with a supported version.
         sock.sendall(api_versions_frame(3, 14))
         assert decode_api_versions(read_response(sock), 3)[0] == 14
+
+
+def test_malformed_client_software_name_is_invalid_request_with_no_table(
+    broker: BrokerProcess,
+) -> None:
+    """Kafka answers an ApiVersions v3+ whose software name breaks KIP-511's pattern with
+    INVALID_REQUEST and an empty api_keys (getErrorResponse lists keys only for 35)."""
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(api_versions_frame(3, 15, software=b"-bad-"))
+        corr, body = decode_api_versions(read_response(sock), 3)
+    assert corr == 15 and body.error_code == ErrorCode.invalid_request
+    assert body.api_keys == ()
 
 
 def test_random_bytes_close_only_that_connection(broker: BrokerProcess) -> None:
