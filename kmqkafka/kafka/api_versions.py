@@ -4,17 +4,27 @@ An error is answered as Kafka's ``ApiVersionsRequest.getErrorResponse`` builds i
 version this broker does not serve gets the v0 layout (response header v0) with UNSUPPORTED_VERSION
 (35) and one entry, ApiVersions' own range, which is all a client needs to retry (KIP-511); a v3+
 request whose client software name or version is malformed gets INVALID_REQUEST (42) and no table.
+
+From v3 a successful answer also carries the KIP-584 features (tagged fields) a Kafka 4.1 broker
+reports for what this broker does: ``metadata.version`` supported from 3.3-IV3 (7, the oldest
+Kafka 4 reads) to 4.1-IV1 (27, 4.1's latest production level) and finalized at 27, matching the
+4.1 table advertised; ``group.version`` supported 0-1 and finalized at 1 (the KIP-848 consumer
+protocol) while ConsumerGroupHeartbeat is served. Features this broker does not implement
+(``transaction.version``, ``kraft.version``, ``share.version``, ...) stay at level 0, which Kafka
+leaves out of both lists. As Kafka (KAFKA-17011), a v3 answer omits supported features whose
+minimum is 0: clients that only know v3 cannot read one.
 """
 from __future__ import annotations
 
 import datetime
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from kio.index import load_payload_module
 from kio.schema.errors import ErrorCode
 from kio.static.constants import EntityType
-from kio.static.primitive import i16, i32Timedelta
+from kio.static.primitive import i16, i32Timedelta, i64
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import RequestContext
@@ -34,6 +44,33 @@ _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 _LISTED_MIN = {PRODUCE_API_KEY: 0}
 
 
+METADATA_VERSION = "metadata.version"
+GROUP_VERSION = "group.version"
+CONSUMER_GROUP_HEARTBEAT_API_KEY = 68
+# Kafka's epoch is the metadata offset of the last feature change; here the features never
+# change while a node runs. It must be at least 0: Java clients keep finalized features only
+# from a response whose epoch is above the last they saw (initially -1).
+FINALIZED_FEATURES_EPOCH = 0
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A KIP-584 feature: the levels this broker supports and its finalized level (0 is not
+    finalized, and left out of the finalized list)."""
+    name: str
+    min_version: int
+    max_version: int
+    finalized: int
+
+
+def features(dispatcher: Dispatcher) -> list[Feature]:
+    """The features this broker supports, from what ``dispatcher`` serves."""
+    served = [Feature(METADATA_VERSION, 7, 27, 27)]
+    if any(k == CONSUMER_GROUP_HEARTBEAT_API_KEY for k, _, _ in dispatcher.advertised()):
+        served.append(Feature(GROUP_VERSION, 0, 1, 1))
+    return served
+
+
 def build_response(dispatcher: Dispatcher, version: int, error: ErrorCode) -> Any:
     """The ApiVersions response of ``version``: ``dispatcher.advertised()`` when ``error`` is none,
     only ApiVersions' own entry for UNSUPPORTED_VERSION, and an empty table for any other error."""
@@ -47,6 +84,17 @@ def build_response(dispatcher: Dispatcher, version: int, error: ErrorCode) -> An
     kwargs: dict[str, Any] = {"error_code": error, "api_keys": keys}
     if version >= 1:
         kwargs["throttle_time"] = i32Timedelta.parse(datetime.timedelta(0))
+    if version >= 3 and error == ErrorCode.none:
+        served = features(dispatcher)
+        kwargs["supported_features"] = tuple(
+            module.SupportedFeatureKey(name=f.name, min_version=i16(f.min_version),
+                                       max_version=i16(f.max_version))
+            for f in served if version >= 4 or f.min_version > 0)
+        kwargs["finalized_features"] = tuple(
+            module.FinalizedFeatureKey(name=f.name, max_version_level=i16(f.finalized),
+                                       min_version_level=i16(f.finalized))
+            for f in served if f.finalized > 0)
+        kwargs["finalized_features_epoch"] = i64(FINALIZED_FEATURES_EPOCH)
     return module.ApiVersionsResponse(**kwargs)
 
 

@@ -127,3 +127,18 @@ def test_generic_error_responses_encode_for_every_kio_response() -> None:
             entity_writer(response_type)(io.BytesIO(), response)
             built += 1
     assert built > 100
+
+
+def test_features_follow_what_is_served() -> None:
+    """group.version is reported (finalized at 1) only while ConsumerGroupHeartbeat is served;
+    metadata.version always; error answers carry none."""
+    d = Dispatcher()
+    api_versions.register(d)
+    bare = api_versions.build_response(d, 4, ErrorCode.none)
+    assert [f.name for f in bare.finalized_features] == ["metadata.version"]
+    d.register(68, noop, 0, 1)
+    full = api_versions.build_response(d, 4, ErrorCode.none)
+    assert [(f.name, f.min_version, f.max_version) for f in full.supported_features] == [
+        ("metadata.version", 7, 27), ("group.version", 0, 1)]
+    assert [f.name for f in full.finalized_features] == ["metadata.version", "group.version"]
+    assert api_versions.build_response(d, 4, ErrorCode.invalid_request).finalized_features == ()

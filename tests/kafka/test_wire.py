@@ -290,6 +290,32 @@ def test_api_versions_v3_over_socket(broker: BrokerProcess) -> None:
     assert body.throttle_time == datetime.timedelta(0)
 
 
+def test_api_versions_reports_kafka_4_1_features(broker: BrokerProcess) -> None:
+    """KIP-584 features, as a Kafka 4.1 broker reports them: metadata.version 4.1-IV1 (27) and
+    group.version 1 (KIP-848) finalized, epoch at least 0; a v3 answer leaves out the supported
+    features whose minimum is 0 (KAFKA-17011) but lists the same finalized ones."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="features")
+    try:
+        assert admin.describe_features() == {
+            "metadata.version": {"supported": (7, 27), "finalized": (27, 27),
+                                 "finalized_epoch": 0},
+            "group.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 0},
+        }
+    finally:
+        admin.close()
+    with connect(broker.kafka_port) as sock:
+        sock.sendall(api_versions_frame(3, 16))
+        _, body = decode_api_versions(read_response(sock), 3)
+    assert [(f.name, f.min_version, f.max_version) for f in body.supported_features] == [
+        ("metadata.version", 7, 27)]
+    assert [(f.name, f.min_version_level, f.max_version_level)
+            for f in body.finalized_features] == [("metadata.version", 27, 27),
+                                                  ("group.version", 1, 1)]
+    assert body.finalized_features_epoch == 0
+
+
 def test_unsupported_api_versions_version_answers_v0_layout_with_error_35(
     broker: BrokerProcess,
 ) -> None:
