@@ -4,9 +4,14 @@ A connection reads 4-byte big-endian size-prefixed frames into one linear ``byte
 offset. For each frame it reads (api_key, api_version, correlation_id), refuses unknown API keys
 (close), answers unadvertised versions without running a handler (see ``Dispatcher``), decodes the
 request header (v1 or v2, as kio's request class says) and the body with kio, and hands the request
-to the dispatcher. Responses are written strictly in request order, whatever order the handlers
-finish in. Protocol violations (oversized or negative frame size, unknown API key, undecodable or
-over-long body) are logged once and close only that connection.
+to the dispatcher. A request's handler starts only once every earlier request on the connection
+has been answered, as Kafka mutes a channel from a request's arrival until its response is sent
+(so a ListOffsets sent right behind a DeleteRecords sees the new log start); the one exception is
+a Produce behind Produces only, which overlap because their appends are proposed in request order
+anyway, and requests another node relays (``net/forward``): its pooled connection carries many
+clients' calls, each client's own order already kept by the connection it came in on. Responses are written strictly in request order. Protocol violations (oversized or
+negative frame size, unknown API key, undecodable or over-long body) are logged once and close
+only that connection.
 
 Back-pressure: the connection stops reading (``pauseProducing``) while any of these holds, and
 reads again once none does:
@@ -42,12 +47,14 @@ from kmqkafka.kafka.context import ANONYMOUS, Broker, RequestContext
 from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
+from kmqkafka.net.forward import FORWARD_PREFIX
 from kmqkafka.net import fast_bodies, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
 RESUME_IN_FLIGHT = 16
 MAX_FETCHES_IN_FLIGHT = 2
+_PRODUCE = 0
 _FETCH = 1
 IDLE_ABORT_S = 5.0  # an idle connection still open this long after its close is cut off
 _COMPACT_AT = 256 * 1024
@@ -113,6 +120,10 @@ class KafkaProtocol(Protocol):
         self._pending: deque[_Slot] = deque()
         self._holds: set[str] = set()  # why reading is paused (back-pressure); empty: reading
         self._fetches = 0  # Fetches awaiting their response
+        self._waiting: deque[tuple[_Slot, Any]] = deque()  # read, handler not started yet
+        self._running = 0  # handlers started, not finished
+        self._running_produces = 0  # of which Produce
+        self._starting = False
         self._closing = False
         self._counted = False
         self._in_process = False
@@ -151,6 +162,8 @@ class KafkaProtocol(Protocol):
             self.factory.limiter.release()
             self.factory.connection_closed(self)
         pending, self._pending = self._pending, deque()
+        # Requests not started yet go, as the unread bytes of a muted Kafka channel would.
+        self._waiting.clear()
         wait_only = self.factory.dispatcher.wait_only
         for slot in pending:
             # Only waits are cancelled: a request that changes state (Produce, a commit, an
@@ -320,9 +333,32 @@ class KafkaProtocol(Protocol):
                 self.hold_reading("fetches", True)
         if len(self._pending) > MAX_IN_FLIGHT:
             self.hold_reading("in_flight", True)
-        d = dispatcher.dispatch(request, ctx)
-        slot.deferred = d
-        d.addBoth(self._handled, slot)
+        self._waiting.append((slot, request))
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start the handlers of waiting requests, in order, while nothing earlier is running
+        (or only Produces run and the next one is a Produce too, or the next one is relayed)."""
+        if self._starting:
+            return  # a handler that finished at once: the loop below goes on
+        self._starting = True
+        try:
+            while self._waiting and not self._closing:
+                slot, request = self._waiting[0]
+                assert slot.ctx is not None
+                produce = slot.ctx.api_key == _PRODUCE
+                relayed = (slot.ctx.client_id or "").startswith(FORWARD_PREFIX)
+                if self._running and not relayed \
+                        and not (produce and self._running == self._running_produces):
+                    return
+                self._waiting.popleft()
+                self._running += 1
+                self._running_produces += int(produce)
+                d = self.factory.dispatcher.dispatch(request, slot.ctx)
+                slot.deferred = d
+                d.addBoth(self._handled, slot)
+        finally:
+            self._starting = False
 
     # -- responses -----------------------------------------------------------------------------
 
@@ -331,6 +367,8 @@ class KafkaProtocol(Protocol):
             result = CLOSE_CONNECTION
         slot.done = True
         assert slot.ctx is not None
+        self._running -= 1
+        self._running_produces -= int(slot.ctx.api_key == _PRODUCE)
         if slot.ctx.api_key == _FETCH:
             self._fetches -= 1
         if result is CLOSE_CONNECTION or result is NO_RESPONSE:
@@ -346,6 +384,7 @@ class KafkaProtocol(Protocol):
         count.inc()
         latency.observe(max(0.0, self.factory.reactor.seconds() - slot.started))
         if not self._closing:
+            self._start_waiting()
             self._flush()
         if self._fetches < MAX_FETCHES_IN_FLIGHT:
             self.hold_reading("fetches", False)

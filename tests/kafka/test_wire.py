@@ -134,7 +134,36 @@ def responses(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def produce_frame(correlation_id: int) -> bytes:
+    """A size-prefixed Produce v9 naming no topic (header v2): for handlers the tests replace."""
+    import importlib
+
+    from kio.serial import entity_writer
+
+    from kmqkafka.net.chunks import ChunkWriter
+
+    mod = importlib.import_module("kio.schema.produce.v9.request")
+    request = mod.ProduceRequest(transactional_id=None, acks=1,
+                                 timeout=datetime.timedelta(seconds=1), topic_data=())
+    out = ChunkWriter()
+    header = request.__header_schema__(request_api_key=0, request_api_version=9,
+                                       correlation_id=correlation_id, client_id="wire-test")
+    entity_writer(type(header))(out, header)
+    entity_writer(type(request))(out, request)
+    body = out.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+def produce_response() -> Any:
+    import importlib
+
+    mod = importlib.import_module("kio.schema.produce.v9.response")
+    return mod.ProduceResponse(responses=(), throttle_time=datetime.timedelta(0))
+
+
 def test_responses_are_written_in_request_order_when_handlers_finish_out_of_order() -> None:
+    """Pipelined Produces run at once (their appends are proposed in request order); their
+    answers still go out in request order."""
     h = Harness()
     parked: dict[int, Deferred[Any]] = {}
 
@@ -142,16 +171,69 @@ def test_responses_are_written_in_request_order_when_handlers_finish_out_of_orde
         parked[ctx.correlation_id] = Deferred()
         return parked[ctx.correlation_id]
 
-    # Take over ApiVersions v0..v4 with a parking handler (keeps the fallback hook off).
-    h.dispatcher._registry.clear()
-    h.dispatcher.register(18, slow, 0, 4)
+    h.dispatcher.register(0, slow, 9, 9)
     proto, transport = h.connect()
-    proto.dataReceived(b"".join(api_versions_frame(3, c) for c in (1, 2, 3)))
+    proto.dataReceived(b"".join(produce_frame(c) for c in (1, 2, 3)))
+    assert sorted(parked) == [1, 2, 3]
     assert transport.value() == b""
     for c in (3, 2):
-        parked[c].callback(api_versions.build_response(h.dispatcher, 3, ErrorCode.none))
+        parked[c].callback(produce_response())
     assert transport.value() == b"", "response 3 and 2 must wait for 1"
-    parked[1].callback(api_versions.build_response(h.dispatcher, 3, ErrorCode.none))
+    parked[1].callback(produce_response())
+    assert [c for c, _ in responses(transport.value())] == [1, 2, 3]
+
+
+def test_a_request_starts_once_every_earlier_one_on_its_connection_is_answered() -> None:
+    """Kafka mutes a channel from a request's arrival until its answer is sent, so a request
+    sees what every earlier one on its connection did (a ListOffsets right behind a
+    DeleteRecords saw the old log start). Only a Produce behind Produces overlaps them."""
+    h = Harness()
+    h.dispatcher._registry.clear()
+    parked: dict[int, Deferred[Any]] = {}
+
+    def slow(request: Any, ctx: Any) -> Deferred[Any]:
+        parked[ctx.correlation_id] = Deferred()
+        return parked[ctx.correlation_id]
+
+    h.dispatcher.register(18, slow, 0, 4)
+    h.dispatcher.register(0, slow, 9, 9)
+    proto, transport = h.connect()
+    # ApiVersions 1, Produce 2 and 3, ApiVersions 4, Produce 5.
+    proto.dataReceived(api_versions_frame(0, 1) + produce_frame(2) + produce_frame(3)
+                       + api_versions_frame(0, 4) + produce_frame(5))
+    assert sorted(parked) == [1]
+    parked[1].callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
+    assert sorted(parked) == [1, 2, 3]  # the two Produces together
+    parked[3].callback(produce_response())
+    assert sorted(parked) == [1, 2, 3]
+    parked[2].callback(produce_response())
+    assert sorted(parked) == [1, 2, 3, 4]
+    parked[4].callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
+    assert sorted(parked) == [1, 2, 3, 4, 5]
+    parked[5].callback(produce_response())
+    assert [c for c, _ in responses(transport.value())] == [1, 2, 3, 4, 5]
+
+
+def test_requests_another_node_relays_overlap() -> None:
+    """A follower relays many clients' quick calls over one pooled connection; each client's
+    order was kept on the connection it came in on, so the leader runs them at once."""
+    from kmqkafka.net.forward import wrap
+
+    h = Harness()
+    h.dispatcher._registry.clear()
+    parked: dict[int, Deferred[Any]] = {}
+
+    def slow(request: Any, ctx: Any) -> Deferred[Any]:
+        parked[ctx.correlation_id] = Deferred()
+        return parked[ctx.correlation_id]
+
+    h.dispatcher.register(18, slow, 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(b"".join(api_versions_frame(0, c, wrap("10.0.0.%d:1" % c, "app"))
+                                for c in (1, 2, 3)))
+    assert sorted(parked) == [1, 2, 3]
+    for c in (3, 2, 1):
+        parked[c].callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
     assert [c for c, _ in responses(transport.value())] == [1, 2, 3]
 
 
@@ -225,7 +307,8 @@ def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
     proto, transport = h.connect()
     proto.dataReceived(b"".join(api_versions_frame(0, c) for c in range(MAX_IN_FLIGHT + 10)))
     assert transport.producerState == "paused"
-    assert len(parked) == MAX_IN_FLIGHT + 1  # the rest stays in the buffer unread
+    assert len(parked) == 1  # one at a time
+    assert len(proto._pending) == MAX_IN_FLIGHT + 1  # the rest stays in the buffer unread
     while parked:
         d = parked.pop(0)
         d.callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
@@ -236,7 +319,8 @@ def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
 @pytest.mark.parametrize("wait_only", [True, False])
 def test_connection_lost_cancels_only_waiting_handlers(wait_only: bool) -> None:
     """A wait (parked Fetch, JoinGroup) is cancelled with its connection; any other request
-    runs to the end, as in Kafka (a Produce whose client hung up is still appended)."""
+    runs to the end, as in Kafka (a Produce whose client hung up is still appended). One
+    read but not started yet is dropped, as the unread bytes of a muted Kafka channel."""
     h = Harness()
     h.dispatcher._registry.clear()
     cancelled: list[int] = []
@@ -251,7 +335,8 @@ def test_connection_lost_cancels_only_waiting_handlers(wait_only: bool) -> None:
     proto, transport = h.connect()
     proto.dataReceived(b"".join(api_versions_frame(0, c) for c in (1, 2)))
     proto.connectionLost(None)
-    assert cancelled == ([1, 2] if wait_only else [])
+    assert cancelled == ([1] if wait_only else [])
+    assert len(pending) == 1
     assert h.factory.limiter.open == 0
     if not wait_only:  # finishing after the close writes nothing and raises nothing
         written = transport.value()
@@ -567,6 +652,28 @@ def test_pipelined_requests_are_answered_in_order(broker: BrokerProcess) -> None
         sock.sendall(b"".join(api_versions_frame(v, i) for i, v in enumerate(versions)))
         got = [struct.unpack_from(">i", read_response(sock), 0)[0] for _ in versions]
     assert got == list(range(len(versions)))
+
+
+def test_a_request_sees_what_the_one_before_it_on_its_connection_did(
+        broker: BrokerProcess) -> None:
+    """librdkafka sends an admin client's DeleteRecords and the ListOffsets right after it on
+    one connection without waiting: Kafka runs the second once the first is answered, so
+    the earliest offset is the new log start. kmqkafka ran both at once and answered 0."""
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(3):
+        topic = f"sees-before-{i}"
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+        for v in (b"a", b"b", b"c"):
+            producer.produce(topic, v)
+        assert producer.flush(15) == 0
+        deleted = admin.delete_records([TopicPartition(topic, 0, 2)])
+        earliest = admin.list_offsets({TopicPartition(topic, 0): OffsetSpec.earliest()})
+        assert list(deleted.values())[0].result(15).low_watermark == 2
+        assert list(earliest.values())[0].result(15).offset == 2
 
 
 def test_connection_cap(tmp_path: Path) -> None:
