@@ -5,7 +5,8 @@ DescribeGroups, ConsumerGroupDescribe) carry every operation of the resource typ
 the ACL APIs DescribeAcls (29), CreateAcls (30) and DeleteAcls (31) answer SECURITY_DISABLED;
 DescribeUserScramCredentials (50) knows no users. ElectLeaders (43) lives here too: with one
 leader for every partition there is never an election to run, so each named partition answers
-ELECTION_NOT_NEEDED, as Kafka does when the preferred replica already leads.
+ELECTION_NOT_NEEDED, as Kafka does when the preferred replica already leads (the leader
+is listed first, as the preferred replica: ``identity.replicas``).
 """
 
 from __future__ import annotations

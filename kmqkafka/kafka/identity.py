@@ -119,8 +119,16 @@ def replicas(broker: Broker, listed: list[tuple[int, str, int]],
              ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """``(replicas, isr, offline)`` of every partition, given the ``brokers`` listed in the
     same response: every member is a replica (Kafka keeps offline replicas in the list), the
-    listed ones are in sync, the rest are offline."""
+    listed ones are in sync, the rest are offline.
+
+    The leader comes first. Kafka's preferred replica is the first one, and a balanced Kafka
+    cluster has it lead (its controller moves leadership back to it); leadership here cannot
+    move to another member, so the one that leads is listed as preferred, and ElectLeaders'
+    ELECTION_NOT_NEEDED holds. By id order, a new leader looked unbalanced for good."""
     everyone = replica_ids(broker)
+    lead = leader(broker)
+    if lead in everyone:
+        everyone = (lead, *(i for i in everyone if i != lead))
     live = {node for node, _host, _port in listed}
     return (everyone, tuple(i for i in everyone if i in live),
             tuple(i for i in everyone if i not in live))
