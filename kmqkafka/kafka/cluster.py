@@ -37,8 +37,26 @@ def _catalog(ctx: RequestContext) -> TopicCatalog:
 # --- DescribeCluster --------------------------------------------------------------------
 
 
+def _cluster_brokers(ctx: RequestContext, include_fenced: bool,
+                     ) -> list[tuple[int, str, int, bool]]:
+    """``(node, host, port, fenced)`` by node id: every live node (``identity.brokers``),
+    and with ``include_fenced`` (v2, KIP-1073) the other members too, fenced. A KRaft broker
+    that is down or still catching up stays registered, fenced, and Kafka lists it when
+    asked (operators find the node to unregister that way; kafka-python always asks)."""
+    live = identity.brokers(ctx.broker, ctx.listener)
+    out = [(node, host, port, False) for node, host, port in live]
+    if include_fenced:
+        listed = {node for node, _host, _port in live}
+        for m in identity.members(ctx.broker):
+            where = identity.endpoint(ctx.broker, m.node_id, ctx.listener)
+            if m.node_id not in listed and where is not None:
+                out.append((m.node_id, *where, True))
+    return sorted(out)
+
+
 def describe_cluster(request: Any, ctx: RequestContext) -> Any:
-    """Every live node as a broker, the Raft leader as controller (``identity.controller``)."""
+    """Every live node as a broker (v2 asking for fenced ones: every member, the others
+    fenced), the Raft leader as controller (``identity.controller``)."""
     t = types_of(ctx)
     endpoint_type = getattr(request, "endpoint_type", ENDPOINT_BROKERS)
     if endpoint_type != ENDPOINT_BROKERS:
@@ -61,8 +79,9 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
         cluster_id=identity.cluster_id(ctx.broker),
         controller_id=identity.controller(ctx.broker),
         brokers=tuple(make(t.DescribeClusterBroker, broker_id=node, host=host, port=port,
-                           rack=None, is_fenced=False)
-                      for node, host, port in identity.brokers(ctx.broker, ctx.listener)),
+                           rack=None, is_fenced=fenced)
+                      for node, host, port, fenced in _cluster_brokers(
+                          ctx, getattr(request, "include_fenced_brokers", False))),
         cluster_authorized_operations=ops,
     )
 
