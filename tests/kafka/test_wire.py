@@ -134,24 +134,30 @@ def responses(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def produce_frame(correlation_id: int) -> bytes:
-    """A size-prefixed Produce v9 naming no topic (header v2): for handlers the tests replace."""
-    import importlib
-
+def kio_frame(request: Any, api_key: int, version: int, correlation_id: int,
+              client_id: str) -> bytes:
+    """``request`` (a kio request object) encoded with its header as one size-prefixed frame."""
     from kio.serial import entity_writer
 
     from kmqkafka.net.chunks import ChunkWriter
 
-    mod = importlib.import_module("kio.schema.produce.v9.request")
-    request = mod.ProduceRequest(transactional_id=None, acks=1,
-                                 timeout=datetime.timedelta(seconds=1), topic_data=())
     out = ChunkWriter()
-    header = request.__header_schema__(request_api_key=0, request_api_version=9,
-                                       correlation_id=correlation_id, client_id="wire-test")
+    header = request.__header_schema__(request_api_key=api_key, request_api_version=version,
+                                       correlation_id=correlation_id, client_id=client_id)
     entity_writer(type(header))(out, header)
     entity_writer(type(request))(out, request)
     body = out.getvalue()
     return struct.pack(">i", len(body)) + body
+
+
+def produce_frame(correlation_id: int) -> bytes:
+    """A size-prefixed Produce v9 naming no topic (header v2): for handlers the tests replace."""
+    import importlib
+
+    mod = importlib.import_module("kio.schema.produce.v9.request")
+    request = mod.ProduceRequest(transactional_id=None, acks=1,
+                                 timeout=datetime.timedelta(seconds=1), topic_data=())
+    return kio_frame(request, 0, 9, correlation_id, "wire-test")
 
 
 def produce_response() -> Any:
@@ -161,16 +167,22 @@ def produce_response() -> Any:
     return mod.ProduceResponse(responses=(), throttle_time=datetime.timedelta(0))
 
 
-def test_responses_are_written_in_request_order_when_handlers_finish_out_of_order() -> None:
-    """Pipelined Produces run at once (their appends are proposed in request order); their
-    answers still go out in request order."""
-    h = Harness()
+def parking() -> tuple[dict[int, Deferred[Any]], Any]:
+    """A handler that parks every request it gets, and the parked Deferreds by correlation id."""
     parked: dict[int, Deferred[Any]] = {}
 
     def slow(request: Any, ctx: Any) -> Deferred[Any]:
         parked[ctx.correlation_id] = Deferred()
         return parked[ctx.correlation_id]
 
+    return parked, slow
+
+
+def test_responses_are_written_in_request_order_when_handlers_finish_out_of_order() -> None:
+    """Pipelined Produces run at once (their appends are proposed in request order); their
+    answers still go out in request order."""
+    h = Harness()
+    parked, slow = parking()
     h.dispatcher.register(0, slow, 9, 9)
     proto, transport = h.connect()
     proto.dataReceived(b"".join(produce_frame(c) for c in (1, 2, 3)))
@@ -189,12 +201,7 @@ def test_a_request_starts_once_every_earlier_one_on_its_connection_is_answered()
     DeleteRecords saw the old log start). Only a Produce behind Produces overlaps them."""
     h = Harness()
     h.dispatcher._registry.clear()
-    parked: dict[int, Deferred[Any]] = {}
-
-    def slow(request: Any, ctx: Any) -> Deferred[Any]:
-        parked[ctx.correlation_id] = Deferred()
-        return parked[ctx.correlation_id]
-
+    parked, slow = parking()
     h.dispatcher.register(18, slow, 0, 4)
     h.dispatcher.register(0, slow, 9, 9)
     proto, transport = h.connect()
@@ -221,12 +228,7 @@ def test_requests_another_node_relays_overlap() -> None:
 
     h = Harness()
     h.dispatcher._registry.clear()
-    parked: dict[int, Deferred[Any]] = {}
-
-    def slow(request: Any, ctx: Any) -> Deferred[Any]:
-        parked[ctx.correlation_id] = Deferred()
-        return parked[ctx.correlation_id]
-
+    parked, slow = parking()
     h.dispatcher.register(18, slow, 0, 4)
     proto, transport = h.connect()
     proto.dataReceived(b"".join(api_versions_frame(0, c, wrap("10.0.0.%d:1" % c, "app"))
@@ -840,9 +842,6 @@ def _fetch_frame(topic: str, correlation_id: int, max_bytes: int) -> bytes:
     """A size-prefixed Fetch v11 of partition 0 from offset 0 (header v1)."""
     import importlib
 
-    from kmqkafka.net.chunks import ChunkWriter
-    from kio.serial import entity_writer
-
     mod = importlib.import_module("kio.schema.fetch.v11.request")
     request = mod.FetchRequest(
         replica_id=-1, max_wait=datetime.timedelta(milliseconds=100), min_bytes=1,
@@ -851,13 +850,7 @@ def _fetch_frame(topic: str, correlation_id: int, max_bytes: int) -> bytes:
             partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
             partition_max_bytes=max_bytes),)),),
         forgotten_topics_data=(), rack_id="")
-    out = ChunkWriter()
-    header = request.__header_schema__(request_api_key=1, request_api_version=11,
-                                       correlation_id=correlation_id, client_id="no-reader")
-    entity_writer(type(header))(out, header)
-    entity_writer(type(request))(out, request)
-    body = out.getvalue()
-    return struct.pack(">i", len(body)) + body
+    return kio_frame(request, 1, 11, correlation_id, "no-reader")
 
 
 def _rss_kb(pid: int) -> int:
