@@ -551,7 +551,8 @@ class RaftDriver:
         keep = []
         for index, d in self._applied_waiters:
             if index <= applied:
-                d.callback(None)
+                if not d.called:  # a caller that gave up may have fired it: not our failure
+                    d.callback(None)
             else:
                 keep.append((index, d))
         self._applied_waiters = keep

@@ -886,3 +886,16 @@ def test_a_new_member_prepares_its_spare_raft_log_files_before_it_takes_part(
     cl.run(2.0)
     assert len(list((tmp_path / f"n{follower}" / "raft").glob("wal-free.*"))) == 5
     assert len(values(cl.stores[follower], "kafka.t")) == 8
+
+
+def test_an_apply_waiter_its_caller_already_fired_is_not_fired_again():
+    """A caller that gave up on ``wait_applied`` may fire its Deferred itself; the apply that
+    comes later must not raise AlreadyCalledError (it failed the driver: the node stopped
+    taking part for good)."""
+    driver, node, _ = _lagging_follower(Clock(), _Downloads())
+    node.applied_index = 4
+    gave_up, waiting = driver.wait_applied(7), driver.wait_applied(7)
+    gave_up.callback(None)
+    node.applied_index = 7
+    driver._release_applied()
+    assert waiting.called and driver._applied_waiters == [] and driver.failed is None

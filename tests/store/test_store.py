@@ -447,3 +447,35 @@ def test_only_the_leader_proposes_compaction_passes(tmp_path, clock, monkeypatch
     monkeypatch.setattr(store, "is_leader", lambda: True)
     assert result_of(store.compact_all(), clock) == 1 and proposed == ["Compact"]
     store.stop()
+
+
+def test_settled_gives_up_on_its_own_deferred_not_the_drivers(tmp_path, clock):
+    """``settled`` (a follower behind its commit index answers Metadata after at most
+    ``timeout_s``) used to fire the Raft driver's own apply waiter on timeout; when the apply
+    came, the driver fired it again, raised AlreadyCalledError and the node stopped taking
+    part in the cluster for good."""
+    from twisted.internet.defer import Deferred
+
+    class Driver:
+        def __init__(self):
+            self.waiters = []
+
+        def wait_applied(self, index):
+            d = Deferred()
+            self.waiters.append((index, d))
+            return d
+
+    class Behind:
+        driver = Driver()
+        applied_index, commit_index = 5, 9
+
+    store = open_store(tmp_path, clock)
+    store._proposer = Behind()
+    out = []
+    store.settled(1.0).addCallback(out.append)
+    clock.advance(1.0)
+    assert out == [None]  # gave up after the timeout
+    [(index, theirs)] = Behind.driver.waiters
+    assert index == 9 and not theirs.called
+    theirs.callback(None)  # the apply arrives later: the driver fires its waiter as usual
+    assert out == [None]
