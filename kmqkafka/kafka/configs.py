@@ -267,6 +267,24 @@ def topic_config_entries(topic: Topic, names: Iterable[str] | None = None,
     return out
 
 
+# The replication factor settings, with Apache Kafka's default and type of each.
+_REPLICATION_FACTORS: dict[str, tuple[str, int]] = {
+    "default.replication.factor": ("1", INT),
+    "offsets.topic.replication.factor": ("3", SHORT),
+    "transaction.state.log.replication.factor": ("3", SHORT),
+}
+
+
+def _replication_factors(ctx: RequestContext) -> dict[str, tuple[str, int, int]]:
+    """Value, source and type of each replication factor setting: the member count, since every
+    Raft member holds every partition (CreateTopics with -1 and __consumer_offsets get that many
+    replicas, and Kafka describes the factor it applies). The source is DEFAULT only when that
+    is Kafka's own default: a Kafka cluster giving this many replicas sets it statically."""
+    count = str(len(identity.replica_ids(ctx.broker)))
+    return {name: (count, SOURCE_DEFAULT if count == default else SOURCE_STATIC_BROKER, kind)
+            for name, (default, kind) in _REPLICATION_FACTORS.items()}
+
+
 def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
     """The read-only broker configs this daemon reports, in name order."""
     s = ctx.broker.settings
@@ -283,7 +301,6 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         "auto.create.topics.enable": (str(s.kafka_auto_create_topics).lower(),
                                       SOURCE_STATIC_BROKER, BOOLEAN),
         "broker.id": (str(me), SOURCE_STATIC_BROKER, INT),
-        "default.replication.factor": ("1", SOURCE_DEFAULT, INT),
         "listeners": (listeners, SOURCE_STATIC_BROKER, LIST),
         "log.dirs": (str(ctx.broker.settings.data_dir), SOURCE_STATIC_BROKER, STRING),
         "group.max.session.timeout.ms": (str(s.kafka_group_max_session_timeout_ms),
@@ -297,7 +314,6 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
             str(s.kafka_offsets_retention_check_interval_ms), SOURCE_STATIC_BROKER, LONG),
         "offsets.retention.minutes": (str(s.kafka_offsets_retention_minutes),
                                       SOURCE_STATIC_BROKER, INT),
-        "offsets.topic.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
         "offsets.topic.num.partitions": (str(OFFSETS_TOPIC_PARTITIONS), SOURCE_DEFAULT, INT),
         "delete.topic.enable": ("true", SOURCE_DEFAULT, BOOLEAN),
         "connections.max.idle.ms": (str(s.kafka_connections_max_idle_ms),
@@ -313,7 +329,7 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
                                    LONG),
         "log.retention.check.interval.ms": (str(s.kafka_log_retention_check_interval_ms),
                                             SOURCE_STATIC_BROKER, LONG),
-        "transaction.state.log.replication.factor": ("1", SOURCE_DEFAULT, SHORT),
+        **_replication_factors(ctx),
     }
     defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}
     topic_of: dict[str, str] = {}

@@ -567,6 +567,27 @@ def test_describe_quorum_gives_each_voters_fetch_and_caught_up_times(cluster: Cl
             assert v.last_caught_up_timestamp <= v.last_fetch_timestamp, (i, v)
 
 
+def test_each_node_describes_the_replication_factor_it_applies(cluster: Cluster):
+    """A topic created without a replication factor gets a replica on each of the three
+    members, and Kafka describes default.replication.factor as the factor CreateTopics applies
+    for -1: every node says 3, set statically (Kafka's own default is 1). __consumer_offsets
+    also has three replicas: offsets.topic.replication.factor is 3, Kafka's default. Each
+    said 1, as if new topics had one replica."""
+    from confluent_kafka.admin import ConfigResource, ConfigSource, NewTopic
+
+    admin = confluent_kafka.admin.AdminClient(
+        {"bootstrap.servers": cluster.bootstrap(cluster.follower())})
+    admin.create_topics([NewTopic("rf-default", num_partitions=1)])["rf-default"].result(30)
+    (part,) = admin.list_topics("rf-default", timeout=10).topics["rf-default"].partitions.values()
+    assert sorted(part.replicas) == sorted(IDS)
+    for i in IDS:
+        res = ConfigResource("BROKER", str(i))
+        cfg = admin.describe_configs([res])[res].result(30)
+        drf, orf = cfg["default.replication.factor"], cfg["offsets.topic.replication.factor"]
+        assert (drf.value, drf.source) == ("3", ConfigSource.STATIC_BROKER_CONFIG.value), i
+        assert (orf.value, orf.source) == ("3", ConfigSource.DEFAULT_CONFIG.value), i
+
+
 def test_a_killed_node_leaves_metadata_until_it_restarts(cluster: Cluster):
     """Apache Kafka lists only live brokers: clients must not be sent to a dead node. Killing a
     follower also checks the follower-to-follower view (no Raft traffic between them, only
