@@ -22,6 +22,7 @@ Log compaction: once the log holds ``compact_entries`` applied entries past the 
 (or the WAL passes ``compact_bytes``), the loop pauses, the application snapshots its state at
 the applied index (``app.take_snapshot(index) -> Deferred[bytes]``; the bytes are a reference,
 see ``RaftProposer``), the core and the storage drop the covered prefix, and the loop resumes.
+The core's timers stand still during that pause (``tick``).
 An application with ``compaction_point(applied) -> (index, data) | None`` instead names a state
 that is durable already (a one-member cluster: its applied-index checkpoint); the loop then
 only pauses for the storage's small COMPACT write.
@@ -137,6 +138,7 @@ class RaftDriver:
         self._compact_entries = compact_entries
         self._compact_bytes = compact_bytes
         self._busy = False       # a Ready is being persisted/applied, or a compaction runs
+        self._compacting = False  # the loop is paused for a snapshot or a compaction
         self._scheduled = False
         self._stopped = False
         self._ticker: LoopingCall | None = None
@@ -205,7 +207,10 @@ class RaftDriver:
     # ------------------------------------------------------------------ inputs
 
     def tick(self) -> None:
-        if self._stopped:
+        """Advance the core's timers; not while the loop is paused for compaction, when this
+        node can send nothing: every member snapshots at the same index, so a leader's
+        silence then is its followers' too, and counting it would elect a new leader."""
+        if self._stopped or self._compacting:
             return
         self.node.tick()
         self._kick()
@@ -596,7 +601,7 @@ class RaftDriver:
             return True
         if self._taken is not None:
             return self._compact_taken()
-        self._busy = True
+        self._busy = self._compacting = True
         log.info("snapshotting at {index} to compact the raft log", index=applied)
         d = self._app.take_snapshot(applied)
 
@@ -605,7 +610,7 @@ class RaftDriver:
             return self._compact_taken(resume=False)
 
         def done(result: object) -> None:
-            self._busy = False
+            self._busy = self._compacting = False
             if isinstance(result, Failure):
                 log.failure("log compaction failed (will retry)", result)
                 self._compact_entries *= 2  # do not retry on every turn
@@ -664,10 +669,10 @@ class RaftDriver:
     def _compact_storage(self, snapshot: Snapshot) -> None:
         """Pause the loop while the storage drops what ``snapshot`` covers, then resume; a
         failure leaves the Raft log's files in an unknown state, so it is fatal."""
-        self._busy = True
+        self._busy = self._compacting = True
 
         def done(result: object) -> None:
-            self._busy = False
+            self._busy = self._compacting = False
             if isinstance(result, Failure):
                 self._fatal(result)
                 return

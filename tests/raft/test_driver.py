@@ -899,3 +899,32 @@ def test_an_apply_waiter_its_caller_already_fired_is_not_fired_again():
     node.applied_index = 7
     driver._release_applied()
     assert waiting.called and driver._applied_waiters == [] and driver.failed is None
+
+
+def test_a_slow_snapshot_taken_on_every_node_at_once_keeps_the_leader(tmp_path):
+    """Every member snapshots at the same applied index, so all pause their Raft loop at once
+    while the store is copied. A pause longer than the election timeout (a loaded machine,
+    a large store) must not read as a dead leader: Kafka's controllers write snapshots off
+    their Raft thread, and its clients saw a re-election (COORDINATOR_NOT_AVAILABLE, a
+    consumer's session timeout) every ``compact_entries`` entries."""
+    cl = Cluster(tmp_path, compact_entries=20)
+    leader = cl.wait_leader()
+    ls = cl.stores[leader]
+    term = ls.proposer.driver.node.term
+    cl.result(ls.create_channel("kafka.s"))
+    for i in cl.ids:
+        p = cl.stores[i].proposer
+        take = p.take_snapshot
+
+        def slow(index, take=take):
+            d = Deferred()
+            cl.clock.callLater(5.0, lambda: take(index).chainDeferred(d))
+            return d
+
+        p.take_snapshot = slow
+    for i in range(30):
+        cl.result(ls.append_batch("kafka.s", batch(b"v%d" % i)), seconds=10.0)
+    cl.run(10.0)
+    assert all(cl.stores[i].proposer.driver.node.snapshot_index > 0 for i in cl.ids)
+    assert cl.leader() == leader
+    assert ls.proposer.driver.node.term == term
