@@ -905,7 +905,7 @@ def test_a_slow_snapshot_taken_on_every_node_at_once_keeps_the_leader(tmp_path):
     """Every member snapshots at the same applied index, so all pause their Raft loop at once
     while the store is copied. A pause longer than the election timeout (a loaded machine,
     a large store) must not read as a dead leader: Kafka's controllers write snapshots off
-    their Raft thread, and its clients saw a re-election (COORDINATOR_NOT_AVAILABLE, a
+    their Raft thread, while here clients saw a re-election (COORDINATOR_NOT_AVAILABLE, a
     consumer's session timeout) every ``compact_entries`` entries."""
     cl = Cluster(tmp_path, compact_entries=20)
     leader = cl.wait_leader()
