@@ -6,12 +6,12 @@ offset. For each frame it reads (api_key, api_version, correlation_id), refuses 
 request header (v1 or v2, as kio's request class says) and the body with kio, and hands the request
 to the dispatcher. A request's handler starts only once every earlier request on the connection
 has been answered, as Kafka mutes a channel from a request's arrival until its response is sent
-(so a ListOffsets sent right behind a DeleteRecords sees the new log start); the one exception is
-a Produce behind Produces only, which overlap because their appends are proposed in request order
-anyway, and requests another node relays (``net/forward``): its pooled connection carries many
-clients' calls, each client's own order already kept by the connection it came in on. Responses are written strictly in request order. Protocol violations (oversized or
-negative frame size, unknown API key, undecodable or over-long body) are logged once and close
-only that connection.
+(so a ListOffsets sent right behind a DeleteRecords sees the new log start). Two exceptions: a
+Produce behind Produces only (their appends are proposed in request order anyway), and requests
+another node relays (``net/forward``), whose pooled connection carries many clients' calls, each
+client's own order already kept by the connection it came in on. Responses are written strictly
+in request order. Protocol violations (oversized or negative frame size, unknown API key,
+undecodable or over-long body) are logged once and close only that connection.
 
 Back-pressure: the connection stops reading (``pauseProducing``) while any of these holds, and
 reads again once none does:
