@@ -36,7 +36,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from kmqkafka import records
-from kmqkafka.store import fsutil
+from kmqkafka.store import fsutil, prealloc
 from kmqkafka.store.compaction import CompactionPlan, CompactionResult, SegmentSource
 from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore, OffsetOutOfRange
@@ -195,6 +195,18 @@ def _date_emptied(seg: Segment) -> None:
             seg.max_timestamp = (os.stat(seg.path()).st_mtime_ns + 500_000) // 1_000_000
         except FileNotFoundError:
             pass  # no file, no date: it expires at once
+
+
+def _reserve_ahead(active: Segment, need: int, segment_bytes: int) -> None:
+    """Reserve the active segment's blocks up to ``need`` and a step further (not past
+    ``segment_bytes``, where it rolls); once refused, never asked again for this segment.
+
+    The step grows with the segment (as large as its data, from ``MIN_STEP`` to ``STEP``),
+    so a partition written at a trickle never holds more than a little unused disk."""
+    start = max(active.reserved, active.size)
+    step = min(prealloc.STEP, max(prealloc.MIN_STEP, start))
+    end = max(need, min(start + step, segment_bytes))
+    active.reserved = end if prealloc.reserve(active.write_fd, start, end - start) else 1 << 62
 
 
 def _waited_for_roll(active: Segment, batch_max_ts: int, now_ms: int) -> int:
@@ -513,10 +525,13 @@ class ChannelLog:
             self._roll()
             active = self._active
         pos = active.size
+        if pos + len(buf) > active.reserved:
+            _reserve_ahead(active, pos + len(buf), cfg.segment_bytes)
         try:
             write_batch_at_offset(active.write_fd, head, buf)
         except BaseException:
             os.ftruncate(active.write_fd, pos)
+            active.reserved = pos
             raise
         active.size = pos + len(buf)
         if active.first_append_ms is None:
@@ -552,6 +567,8 @@ class ChannelLog:
         files = write_index_parts(self._dir, old.base, old.builder, PART_SUFFIX)
         self._index_jobs.append((old, files))
         retired, old.write_fd = old.write_fd, None
+        if old.reserved > old.size:
+            prealloc.trim(retired, old.size)
         self._retired_fds.add(retired)
         # Closed by the flush that syncs its last writes, or now if an earlier flush did (a
         # roll right after a flush used to leave the fd open for the channel's lifetime, and
@@ -976,6 +993,8 @@ class ChannelLog:
             seg.close_reader()
             seg.unmap_indexes()
             if seg.write_fd is not None:
+                if seg.reserved > seg.size:
+                    prealloc.trim(seg.write_fd, seg.size)
                 fds.add(seg.write_fd)
                 seg.write_fd = None
         # Each fd is closed once: an fd closed twice may by then number a file another

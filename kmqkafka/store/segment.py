@@ -246,7 +246,7 @@ class Segment:
     __slots__ = (
         "directory", "base", "end", "size", "max_timestamp", "max_timestamp_rel",
         "builder", "offsets", "times", "write_fd", "read_fd", "first_append_ms",
-        "first_batch_ts", "generation", "budgeted", "cold_below",
+        "first_batch_ts", "generation", "budgeted", "cold_below", "reserved",
     )
 
     def __init__(self, directory: Path, base: int) -> None:
@@ -260,6 +260,7 @@ class Segment:
         self.offsets: MappedOffsetIndex | None = None
         self.times: MappedTimeIndex | None = None
         self.write_fd: int | None = None
+        self.reserved = 0  # blocks reserved up to here (store/prealloc.py); active only
         self.read_fd: int | None = None
         self.first_append_ms: int | None = None
         # maxTimestamp of the segment's first batch (Kafka's rollingBasedTimestamp); None if
