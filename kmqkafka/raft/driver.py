@@ -357,10 +357,15 @@ class RaftDriver:
         return self.failed is None and self.node.role is Role.LEADER
 
     def wait_applied(self, index: int) -> Deferred:
-        """Fire once this node applied through ``index``."""
+        """Fire once this node applied through ``index``. Cancelling the Deferred (a caller
+        that stops waiting, e.g. through ``addTimeout``) takes it off the waiting list."""
         if self.node.applied_index >= index:
             return succeed(None)
-        d: Deferred = Deferred()
+
+        def forget(d: Deferred) -> None:
+            self._applied_waiters = [w for w in self._applied_waiters if w[1] is not d]
+
+        d: Deferred = Deferred(forget)
         self._applied_waiters.append((index, d))
         return d
 

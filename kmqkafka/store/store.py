@@ -227,19 +227,11 @@ class ChannelStore:
         driver = getattr(proposer, "driver", None)
         if driver is None or proposer.applied_index >= proposer.commit_index:
             return succeed(None)
-        # The driver's own Deferred stays on its list until the apply comes, and the driver
-        # fires it then: the timer fires a Deferred of ours, never the driver's (firing that
-        # one here made the later apply raise AlreadyCalledError and stopped the node).
-        done: Deferred = Deferred()
-
-        def fire(_: object = None) -> None:
-            if not done.called:
-                done.callback(None)
-
-        timer = self._reactor.callLater(timeout_s, fire)
-        driver.wait_applied(proposer.commit_index).addBoth(
-            lambda _: (timer.active() and timer.cancel(), fire()))
-        return done
+        # Given up at the timeout by cancelling it, which takes the waiter off the driver's
+        # list (firing the driver's Deferred from here instead made the later apply raise
+        # AlreadyCalledError and stopped the node).
+        return driver.wait_applied(proposer.commit_index).addTimeout(
+            timeout_s, self._reactor, onTimeoutCancel=lambda _result, _timeout: None)
 
     def leader_id(self) -> int | None:
         """The Raft leader's node id (None: unknown, or no Raft)."""

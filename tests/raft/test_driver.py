@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 
 from kmqkafka.raft.errors import NoLeaderError, NotLeaderError, TransportError
@@ -896,6 +896,21 @@ def test_an_apply_waiter_its_caller_already_fired_is_not_fired_again():
     node.applied_index = 4
     gave_up, waiting = driver.wait_applied(7), driver.wait_applied(7)
     gave_up.callback(None)
+    node.applied_index = 7
+    driver._release_applied()
+    assert waiting.called and driver._applied_waiters == [] and driver.failed is None
+
+
+def test_a_cancelled_apply_waiter_leaves_the_list():
+    """A caller that stops waiting cancels its ``wait_applied`` Deferred: the waiter leaves
+    the driver's list at once (a follower lagging for long gathered one per request), the
+    others stay, and the apply fires only those."""
+    driver, node, _ = _lagging_follower(Clock(), _Downloads())
+    node.applied_index = 4
+    given_up, waiting = driver.wait_applied(7), driver.wait_applied(7)
+    given_up.addErrback(lambda f: f.trap(CancelledError))
+    given_up.cancel()
+    assert [d for _, d in driver._applied_waiters] == [waiting]
     node.applied_index = 7
     driver._release_applied()
     assert waiting.called and driver._applied_waiters == [] and driver.failed is None

@@ -449,21 +449,18 @@ def test_only_the_leader_proposes_compaction_passes(tmp_path, clock, monkeypatch
     store.stop()
 
 
-def test_settled_gives_up_on_its_own_deferred_not_the_drivers(tmp_path, clock):
+def test_settled_gives_up_by_cancelling_the_drivers_waiter(tmp_path, clock):
     """``settled`` (a follower behind its commit index answers Metadata after at most
-    ``timeout_s``) used to fire the Raft driver's own apply waiter on timeout; when the apply
-    came, the driver fired it again, raised AlreadyCalledError and the node stopped taking
-    part in the cluster for good."""
-    from twisted.internet.defer import Deferred
+    ``timeout_s``) gives up by cancelling the Raft driver's apply waiter, which takes it off
+    the driver's list. It once fired the driver's Deferred itself: the later apply fired it
+    again, raised AlreadyCalledError and the node stopped taking part for good; then it kept
+    the waiter listed until the apply came."""
+    from kmqkafka.raft.driver import RaftDriver
 
     class Driver:
-        def __init__(self):
-            self.waiters = []
-
-        def wait_applied(self, index):
-            d = Deferred()
-            self.waiters.append((index, d))
-            return d
+        _applied_waiters: list = []
+        node = type("Node", (), {"applied_index": 5})()
+        wait_applied = RaftDriver.wait_applied
 
     class Behind:
         driver = Driver()
@@ -473,9 +470,17 @@ def test_settled_gives_up_on_its_own_deferred_not_the_drivers(tmp_path, clock):
     store._proposer = Behind()
     out = []
     store.settled(1.0).addCallback(out.append)
-    clock.advance(1.0)
-    assert out == [None]  # gave up after the timeout
-    [(index, theirs)] = Behind.driver.waiters
-    assert index == 9 and not theirs.called
-    theirs.callback(None)  # the apply arrives later: the driver fires its waiter as usual
-    assert out == [None]
+    [(index, _theirs)] = Behind.driver._applied_waiters
+    assert index == 9
+    clock.advance(0.5)
+    assert out == []
+    clock.advance(0.5)
+    assert out == [None]  # gave up after the timeout, without an error
+    assert Behind.driver._applied_waiters == []  # and nothing is left for the apply to fire
+    applied = []
+    timers = len(clock.getDelayedCalls())
+    store.settled(1.0).addCallback(applied.append)
+    [(_, waiter)] = Behind.driver._applied_waiters
+    assert len(clock.getDelayedCalls()) == timers + 1
+    waiter.callback(None)  # the apply comes in time: answered at once, no timer left behind
+    assert applied == [None] and len(clock.getDelayedCalls()) == timers
