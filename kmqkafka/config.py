@@ -112,8 +112,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kafka_log_retention_check_interval_ms",
             "CONNECTORS_KAFKA_LOG_RETENTION_CHECK_INTERVAL_MS",
             "kafka-log-retention-check-interval-ms", "kafka", "log_retention_check_interval_ms",
-            "posint", 60000, "how often retention limits are enforced (ms; Kafka's "
-            "log.retention.check.interval.ms)"),
+            "posint", 300000, "how often retention limits are enforced (ms; Kafka's "
+            "log.retention.check.interval.ms, with its default)"),
     Setting("kafka_produce_byte_rate", "CONNECTORS_KAFKA_PRODUCE_BYTE_RATE",
             "kafka-produce-byte-rate", "kafka", "produce_byte_rate", "size", 0,
             "per-client produce quota in bytes/s (0 = unlimited)"),
@@ -273,7 +273,7 @@ class Settings:
     kafka_consumer_session_timeout_ms: int = 45000
     kafka_consumer_heartbeat_interval_ms: int = 5000
     kafka_log_cleaner_backoff_ms: int = 15000
-    kafka_log_retention_check_interval_ms: int = 60000
+    kafka_log_retention_check_interval_ms: int = 300000
     kafka_produce_byte_rate: int = 0
     kafka_fetch_byte_rate: int = 0
     kafka_num_partitions: int = 1

@@ -327,8 +327,10 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
                                                  SOURCE_DEFAULT, INT),
         "log.cleaner.backoff.ms": (str(s.kafka_log_cleaner_backoff_ms), SOURCE_STATIC_BROKER,
                                    LONG),
-        "log.retention.check.interval.ms": (str(s.kafka_log_retention_check_interval_ms),
-                                            SOURCE_STATIC_BROKER, LONG),
+        "log.retention.check.interval.ms": (
+            str(s.kafka_log_retention_check_interval_ms),
+            SOURCE_DEFAULT if s.kafka_log_retention_check_interval_ms == 300000
+            else SOURCE_STATIC_BROKER, LONG),
         **_replication_factors(ctx),
     }
     defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}
