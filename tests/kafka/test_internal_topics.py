@@ -73,8 +73,9 @@ def test_the_offsets_topic_appears_once_a_group_looks_for_its_coordinator(tmp_pa
         p.produce(OFFSETS, b"x")
         p.flush(10)
         assert errors and errors[0].code() == KafkaError.TOPIC_EXCEPTION
-        created = AdminClient({"bootstrap.servers": b.bootstrap}).create_topics(
-            [NewTopic(OFFSETS, 1, 1)])[OFFSETS]
+        # The client must outlive its future: destroying it purges the unserved answer.
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        created = admin.create_topics([NewTopic(OFFSETS, 1, 1)])[OFFSETS]
         assert created.exception(10) is not None
         assert "Traceback" not in b.log()
     finally:
