@@ -329,7 +329,9 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
                                    LONG),
         "log.retention.check.interval.ms": (
             str(s.kafka_log_retention_check_interval_ms),
-            SOURCE_DEFAULT if s.kafka_log_retention_check_interval_ms == 300000
+            SOURCE_DEFAULT  # the daemon's default is Kafka's
+            if s.kafka_log_retention_check_interval_ms
+            == type(s).kafka_log_retention_check_interval_ms
             else SOURCE_STATIC_BROKER, LONG),
         **_replication_factors(ctx),
     }

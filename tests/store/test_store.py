@@ -458,9 +458,11 @@ def test_settled_gives_up_by_cancelling_the_drivers_waiter(tmp_path, clock):
     from kmqkafka.raft.driver import RaftDriver
 
     class Driver:
-        _applied_waiters: list = []
         node = type("Node", (), {"applied_index": 5})()
         wait_applied = RaftDriver.wait_applied
+
+        def __init__(self) -> None:
+            self._applied_waiters: list = []
 
     class Behind:
         driver = Driver()
