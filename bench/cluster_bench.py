@@ -24,7 +24,9 @@ Phases, each against a fresh 1-partition topic:
    or ``--seconds``, whichever first; only acked records count; repeated ``--repeats`` times,
    the median is the figure;
 3. broker CPU over each phase (user+system of every broker process, all threads, % of a core),
-   and the bytes the data root's disk wrote during each produce run, per acknowledged byte.
+   and the bytes the data root's disk wrote during each produce run, per acknowledged byte;
+   beside them, once at the start, what one sequential fdatasynced write gets from that disk
+   (``disk_probe_mb_s``): a cluster whose nodes write near it is bound by the disk.
 
 Bar (issue 4): the cluster's produce throughput with acks=all >= 50 % of the single node's.
 Prints a human summary, then one JSON line last.
@@ -168,6 +170,26 @@ class DiskMeter:
         return None if counters is None else counters.write_bytes
 
 
+def disk_write_rate(root: Path, mib: int = 256) -> float | None:
+    """MB/s of one sequential write of ``mib`` MiB, fdatasynced once at its end, into a temp
+    file under ``root`` (``dd bs=1M conv=fdatasync``): what the disk takes at best this hour.
+    Each cluster node writes every record twice (Raft log, segment), so a cluster whose
+    nodes' writes reach this rate is bound by the disk, not by the CPUs."""
+    chunk = bytes(1 << 20)
+    fd, name = tempfile.mkstemp(prefix="disk-probe-", dir=root)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(mib):
+            os.write(fd, chunk)
+        os.fdatasync(fd)
+        return round(mib * (1 << 20) / (time.perf_counter() - t0) / 1e6)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+        os.unlink(name)
+
+
 class Meter:
     """CPU seconds (user+system, all threads) summed over the deployment's processes."""
 
@@ -302,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     root = args.data_root or data_root()
+    disk_mb_s = disk_write_rate(root)
     log(f"data under {root} ({_fstype(root.resolve())}); cpus={os.cpu_count()}; "
-        f"load {os.getloadavg()[0]:.1f}")
+        f"load {os.getloadavg()[0]:.1f}; one sequential fdatasynced write: {disk_mb_s} MB/s")
     results: dict[str, dict[str, Any]] = {}
     t_all = time.monotonic()
     deployments = [("single", lambda: single(root)), ("cluster", lambda: cluster(root))]
@@ -360,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                 "count": args.count, "seconds": args.seconds, "repeats": args.repeats,
                 "latency_rate": LAT_RATE, "latency_seconds": args.latency_seconds,
                 "cpus": os.cpu_count(), "python": platform.python_version(),
-                "load_avg_1m": round(os.getloadavg()[0], 2),
+                "load_avg_1m": round(os.getloadavg()[0], 2), "disk_probe_mb_s": disk_mb_s,
                 "elapsed_s": round(time.monotonic() - t_all, 1)}
     print(json.dumps({**results, "ratio": ratio, "bars": bars, "settings": settings}))
     return 0
