@@ -58,11 +58,13 @@ from kafka_bench import (  # noqa: E402
     PRODUCER_TUNING, QUIET, TWISTD, Profiler, _fstype, _http_status, create_topic, data_root,
     kmqkafka_daemon, percentile, produce_phase,
 )
+from store_bench import raw_disk  # noqa: E402
 from tansu import HOST, free_port  # noqa: E402
 
 KIB = 1024
 LAT_RATE = 1000
 BAR_RATIO = 0.5
+DISK_PROBE_MIB = 256  # one sequential write, fdatasynced once at its end
 def produce_key(size: int) -> str:
     """The JSON key prefix of a throughput figure: ``produce_acks_all_1k`` for 1 KiB records
     (the bar's case), ``produce_acks_all_<n>b`` for any other size."""
@@ -168,26 +170,6 @@ class DiskMeter:
             return None
         counters = psutil.disk_io_counters(perdisk=True).get(self.name)
         return None if counters is None else counters.write_bytes
-
-
-def disk_write_rate(root: Path, mib: int = 256) -> float | None:
-    """MB/s of one sequential write of ``mib`` MiB, fdatasynced once at its end, into a temp
-    file under ``root`` (``dd bs=1M conv=fdatasync``): what the disk takes at best this hour.
-    Each cluster node writes every record twice (Raft log, segment), so a cluster whose
-    nodes' writes reach this rate is bound by the disk, not by the CPUs."""
-    chunk = bytes(1 << 20)
-    fd, name = tempfile.mkstemp(prefix="disk-probe-", dir=root)
-    try:
-        t0 = time.perf_counter()
-        for _ in range(mib):
-            os.write(fd, chunk)
-        os.fdatasync(fd)
-        return round(mib * (1 << 20) / (time.perf_counter() - t0) / 1e6)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-        os.unlink(name)
 
 
 class Meter:
@@ -324,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     root = args.data_root or data_root()
-    disk_mb_s = disk_write_rate(root)
+    # What the disk takes at best this hour (``dd bs=1M conv=fdatasync``): each cluster node
+    # writes every record twice (Raft log, segment), so nodes writing near this rate are
+    # bound by the disk, not by the CPUs.
+    disk_mb_s = round(raw_disk(root / f"disk-probe-{os.getpid()}", DISK_PROBE_MIB,
+                               DISK_PROBE_MIB))
     log(f"data under {root} ({_fstype(root.resolve())}); cpus={os.cpu_count()}; "
         f"load {os.getloadavg()[0]:.1f}; one sequential fdatasynced write: {disk_mb_s} MB/s")
     results: dict[str, dict[str, Any]] = {}
