@@ -52,6 +52,12 @@ driver swaps the same references into the core once the entry is applied. Its by
 back (the record's CRC checked) only for a follower that still lacks it or a replay, so a
 node's memory holds its unapplied entries, not everything since the last compaction.
 
+Writes: records are appended to the last file with ``O_DIRECT`` where the filesystem allows
+it (``raft/direct.py``): the log is fdatasynced and rarely read back, so its bytes need not
+pass through the page cache. A direct write ends with zeros up to a block boundary; the next
+write starts over them and recovery stops at them as at a torn tail. Elsewhere (or with
+``direct_writes`` off) the writes go through the page cache.
+
 Recovery reads records in order and stops at the first short or CRC-failing record: a torn tail
 from a crash mid-write is cut off (the file is truncated there). Everything before it was
 written by completed ``save`` calls; ``save`` fsyncs whenever it wrote entries, a snapshot, or a
@@ -62,6 +68,7 @@ Not thread-safe: one caller at a time (the driver serializes ``save`` and ``comp
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from pathlib import Path
@@ -71,6 +78,7 @@ import crc32c as _crc32c
 
 from twisted.logger import Logger
 
+from kmqkafka.raft.direct import ALIGN, DirectAppender, open_direct
 from kmqkafka.raft.log import HardState
 from kmqkafka.raft.messages import Entry, EntryKind, Gather, Snapshot, SnapshotMeta, Stored
 from kmqkafka.store.fsutil import fsync_dir
@@ -204,6 +212,8 @@ class _File:
 class DiskStorage:
     """The persisted Raft state of one node (see the module docstring for the format)."""
 
+    direct_writes = True  # append with O_DIRECT where the filesystem allows (see Writes)
+
     def __init__(self, directory: Path, roll_bytes: int = ROLL_BYTES,
                  keep_free: int = KEEP_FREE) -> None:
         """Use ``DiskStorage.open``."""
@@ -220,6 +230,7 @@ class DiskStorage:
         self._files: list[_File] = []
         self._free: list[Path] = []  # freed files kept for reuse (see "Recycling")
         self._fd = -1
+        self._direct: DirectAppender | None = None  # appends to the last file (see Writes)
         self.recycled = 0
 
     # ------------------------------------------------------------------ open / close
@@ -249,11 +260,21 @@ class DiskStorage:
             os.pwrite(st._fd, head, 0)
             os.fdatasync(st._fd)
             last.size, last.seed = len(head), salt(last.seq)
+        st._open_direct()
         fsync_dir(st.directory)
         return st
 
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         if self._fd >= 0:
+            last = self._files[-1].size
+            try:
+                if last < os.fstat(self._fd).st_size <= -(-last // ALIGN) * ALIGN:
+                    os.ftruncate(self._fd, last)  # the zeros a direct write padded it with
+            except OSError:
+                pass  # recovery cuts them off as well
             os.close(self._fd)
             self._fd = -1
 
@@ -552,8 +573,30 @@ class DiskStorage:
         self.hard_state = hard_state
         self._restart_with_snapshot()
 
+    def _open_direct(self) -> None:
+        """Append to the last file with ``O_DIRECT`` from now on, where the filesystem can."""
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
+        if self.direct_writes:
+            f = self._files[-1]
+            self._direct = open_direct(f.path, f.size)
+
     def _write(self, pieces: list[Any]) -> None:
         f = self._files[-1]
+        if self._direct is not None:
+            try:
+                f.size = self._direct.append(pieces)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                # Refused after all (a block size above ALIGN): the page cache from now on.
+                log.info("raft log: direct writes refused ({e}); writing through the page "
+                         "cache", e=exc)
+                self.direct_writes = False
+                self._direct.close()
+                self._direct = None
         pos = f.size
         while pieces:
             chunk = pieces[:_IOV_MAX]
@@ -614,6 +657,7 @@ class DiskStorage:
         os.close(self._fd)
         self._fd = fd
         self._files.append(f)
+        self._open_direct()
 
     def _restart_with_snapshot(self) -> None:
         """A new file holding the installed snapshot, the entries after it and the hard
@@ -627,6 +671,7 @@ class DiskStorage:
         os.close(self._fd)
         self._fd = fd
         self._files.append(f)
+        self._open_direct()
         self._write(pieces)
         os.fsync(fd)
         fsync_dir(self.directory)

@@ -1,0 +1,103 @@
+"""O_DIRECT appends of the Raft log: the file holds exactly what was appended, whatever the
+sizes, and a restart (clean or not) finds every entry."""
+from __future__ import annotations
+
+import errno
+import os
+import random
+
+import pytest
+
+from kmqkafka.raft import Entry, EntryKind, HardState, Ready
+from kmqkafka.raft import direct
+from kmqkafka.raft.direct import ALIGN, open_direct
+from kmqkafka.raft.storage import DiskStorage
+
+
+def _appender_or_skip(path, end=0):
+    appender = open_direct(path, end)
+    if appender is None:
+        pytest.skip(f"the filesystem of {path} refuses O_DIRECT")
+    return appender
+
+
+def test_appends_of_any_size_land_byte_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(direct, "CHUNK", 4 * ALIGN)  # cross the staging buffer's end often
+    path = tmp_path / "log"
+    path.write_bytes(b"head")
+    appender = _appender_or_skip(path, 4)
+    rng = random.Random(7)
+    want = bytearray(b"head")
+    for size in [0, 1, ALIGN - 5, ALIGN, 3 * ALIGN + 17, 4 * ALIGN, 9 * ALIGN + 1, 2, 5000]:
+        pieces = [os.urandom(n) for n in _split(rng, size)]
+        want += b"".join(pieces)
+        assert appender.append(pieces) == len(want)
+        data = path.read_bytes()
+        assert data[:len(want)] == want
+        assert data[len(want):] == bytes(len(data) - len(want))  # only the padding after it
+        assert len(data) % ALIGN == 0 or len(data) == len(want)
+    appender.close()
+
+
+def _split(rng: random.Random, size: int) -> list[int]:
+    cuts = sorted(rng.randrange(size + 1) for _ in range(3))
+    bounds = [0, *cuts, size]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def ents(first, last, size=300):
+    return tuple(Entry(i, 1, EntryKind.NORMAL, bytes([i % 251]) * size)
+                 for i in range(first, last + 1))
+
+
+def test_a_restart_after_a_crash_finds_every_entry_and_cuts_the_padding(tmp_path):
+    st = DiskStorage.open(tmp_path / "raft")
+    if st._direct is None:
+        pytest.skip("the filesystem refuses O_DIRECT")
+    for first in range(1, 60, 7):
+        st.save(Ready(hard_state=HardState(1, 1, first), entries=ents(first, first + 6)))
+    logical = st.wal_bytes
+    assert os.path.getsize(st.path) % ALIGN == 0 and os.path.getsize(st.path) > logical
+    # No close(): as after kill -9, the zeros of the last block are still there.
+    again = DiskStorage.open(tmp_path / "raft")
+    assert [e.index for e in again.entries] == list(range(1, 64))
+    assert all(bytes(e.data.load()) == bytes([e.index % 251]) * 300 for e in again.entries)
+    assert again.wal_bytes == logical
+    again.save(Ready(entries=ents(64, 64)))
+    again.close()
+    assert os.path.getsize(again.path) == again.wal_bytes  # a clean close leaves no padding
+    last = DiskStorage.open(tmp_path / "raft")
+    assert [e.index for e in last.entries] == list(range(1, 65))
+    assert last.truncated_bytes == 0
+
+
+def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    st = DiskStorage.open(tmp_path / "raft")
+    if st._direct is None:
+        pytest.skip("the filesystem refuses O_DIRECT")
+    st.save(Ready(entries=ents(1, 3)))
+
+    def refuse(self, pieces):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(direct.DirectAppender, "append", refuse)
+    st.save(Ready(entries=ents(4, 6), hard_state=HardState(1, 1, 6)))
+    assert st._direct is None and not st.direct_writes
+    st.close()
+    again = DiskStorage.open(tmp_path / "raft")
+    assert [e.index for e in again.entries] == [1, 2, 3, 4, 5, 6]
+    assert again.hard_state == HardState(1, 1, 6)
+
+
+def test_other_write_errors_are_raised(tmp_path, monkeypatch):
+    st = DiskStorage.open(tmp_path / "raft")
+    if st._direct is None:
+        pytest.skip("the filesystem refuses O_DIRECT")
+
+    def full(self, pieces):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(direct.DirectAppender, "append", full)
+    with pytest.raises(OSError) as info:
+        st.save(Ready(entries=ents(1, 1)))
+    assert info.value.errno == errno.ENOSPC
