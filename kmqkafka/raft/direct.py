@@ -75,6 +75,25 @@ class DirectAppender:
         self.end = start + fill
         return self.end
 
+    def wrote(self, pieces: Sequence[Any]) -> None:
+        """The caller wrote ``pieces`` at the end through the page cache (a write too small
+        to sync, on the reactor thread): move the end past them, keeping the new tail block
+        in memory. The next ``append`` rewrites that block; the kernel writes the cached page
+        back before it does, so the two paths never disagree on the file's bytes."""
+        total = sum(len(memoryview(p).cast("B")) for p in pieces)
+        keep = (self.end + total) % ALIGN
+        parts: list[bytes] = []
+        need = keep
+        for piece in reversed([self._tail, *pieces]):
+            if need <= 0:
+                break
+            b = memoryview(piece).cast("B")
+            take = min(need, len(b))
+            parts.append(bytes(b[len(b) - take:]))
+            need -= take
+        self._tail = b"".join(reversed(parts))
+        self.end += total
+
     def _write(self, at: int, length: int) -> None:
         out = self._view[:length]
         done = 0

@@ -336,8 +336,11 @@ class RaftProposer:
         # grown afresh costs a host fault per page, and a fresh cluster's first produce run
         # wrote its Raft log at a third of the later runs' speed.
         keep_free = max(KEEP_FREE, -(-self._compact[1] // self._wal_roll) + 1)
+        # A one-member cluster's log holds positions, not data (write-through): its small
+        # writes stay in the page cache, where the reactor thread makes them without waiting.
         storage = self._storage_override or DiskStorage.open(
-            self.raft_dir, roll_bytes=self._wal_roll, keep_free=keep_free)
+            self.raft_dir, roll_bytes=self._wal_roll, keep_free=keep_free,
+            direct=not self._solo)
         self.storage = storage
         self._refuse_unreplicated_data(storage)
         self._check_voters(storage)

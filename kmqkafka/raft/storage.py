@@ -55,8 +55,9 @@ node's memory holds its unapplied entries, not everything since the last compact
 Writes: records are appended to the last file with ``O_DIRECT`` where the filesystem allows
 it (``raft/direct.py``): the log is fdatasynced and rarely read back, so its bytes need not
 pass through the page cache. A direct write ends with zeros up to a block boundary; the next
-write starts over them and recovery stops at them as at a torn tail. Elsewhere (or with
-``direct_writes`` off) the writes go through the page cache.
+write starts over them and recovery stops at them as at a torn tail. Elsewhere, and on a
+one-member cluster (whose log holds positions, not data, written on the reactor thread), the
+writes go through the page cache.
 
 Recovery reads records in order and stops at the first short or CRC-failing record: a torn tail
 from a crash mid-write is cut off (the file is truncated there). Everything before it was
@@ -237,9 +238,11 @@ class DiskStorage:
 
     @classmethod
     def open(cls, directory: Path, roll_bytes: int = ROLL_BYTES,
-             keep_free: int = KEEP_FREE) -> "DiskStorage":
-        """Open (creating if needed) and recover ``directory``; blocking, start-up only."""
+             keep_free: int = KEEP_FREE, direct: bool = True) -> "DiskStorage":
+        """Open (creating if needed) and recover ``directory``; blocking, start-up only.
+        ``direct``: append with O_DIRECT where the filesystem allows (see Writes)."""
         st = cls(directory, roll_bytes, keep_free)
+        st.direct_writes = direct
         st.directory.mkdir(parents=True, exist_ok=True)
         (st.directory / "snapshots").mkdir(exist_ok=True)
         for name in os.listdir(st.directory):
@@ -478,7 +481,7 @@ class DiskStorage:
             pieces.append(_hard_record(ready.hard_state, f.seed))
             sync = sync or (old.term, old.vote) != (ready.hard_state.term, ready.hard_state.vote)
         if pieces:
-            self._write(pieces)
+            self._write(pieces, direct=sync_entries)
         if at:
             self._keep_on_disk(ready.entries, at, f)
         if sync:
@@ -582,9 +585,12 @@ class DiskStorage:
             f = self._files[-1]
             self._direct = open_direct(f.path, f.size)
 
-    def _write(self, pieces: list[Any]) -> None:
+    def _write(self, pieces: list[Any], direct: bool = True) -> None:
+        """Append ``pieces`` to the last file. ``direct=False``: a small write nothing syncs
+        (a one-member cluster's ELIDED entries) made on the reactor thread, so it must not
+        wait for the disk: through the page cache."""
         f = self._files[-1]
-        if self._direct is not None:
+        if self._direct is not None and direct:
             try:
                 f.size = self._direct.append(pieces)
                 return
@@ -597,6 +603,7 @@ class DiskStorage:
                 self.direct_writes = False
                 self._direct.close()
                 self._direct = None
+        written = list(pieces) if self._direct is not None else None
         pos = f.size
         while pieces:
             chunk = pieces[:_IOV_MAX]
@@ -616,6 +623,8 @@ class DiskStorage:
                 n = 0
             pieces = rest
         f.size = pos
+        if written is not None and self._direct is not None:
+            self._direct.wrote(written)
 
     def _new_file(self, header: list[bytes] | None = None,
                   recycle: bool = True) -> tuple[_File, int]:

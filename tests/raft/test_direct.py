@@ -39,6 +39,27 @@ def test_appends_of_any_size_land_byte_exact(tmp_path, monkeypatch):
     appender.close()
 
 
+def test_page_cache_writes_between_direct_ones_are_kept(tmp_path):
+    path = tmp_path / "log"
+    path.write_bytes(b"")
+    appender = _appender_or_skip(path)
+    fd = os.open(path, os.O_RDWR)
+    rng = random.Random(3)
+    want = bytearray()
+    for i in range(40):
+        pieces = [os.urandom(n) for n in _split(rng, rng.choice([0, 7, 300, ALIGN + 9, 9000]))]
+        if i % 3:
+            appender.append(pieces)
+        else:  # the caller writes itself, then tells the appender
+            os.pwrite(fd, b"".join(pieces), len(want))
+            appender.wrote(pieces)
+        want += b"".join(pieces)
+        assert appender.end == len(want)
+        assert path.read_bytes()[:len(want)] == want
+    os.close(fd)
+    appender.close()
+
+
 def _split(rng: random.Random, size: int) -> list[int]:
     cuts = sorted(rng.randrange(size + 1) for _ in range(3))
     bounds = [0, *cuts, size]

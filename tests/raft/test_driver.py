@@ -513,6 +513,7 @@ def test_one_member_writes_appends_through_and_its_raft_log_holds_them_elided(tm
     # ...and neither does the core's in-memory log keep the batches until a compaction.
     in_core = {e.index: e.data for e in proposer.driver.node._log.entries}
     assert all(in_core[e.index] == ELIDED for e in elided)
+    assert proposer.storage._direct is None  # its small log writes stay in the page cache
     assert proposer.storage.wal_bytes < 3000, "the records went to the Raft log as well as to the segment"
     _settle(clock, io)
     assert values(store, "kafka.e") == [b"x0" * 1000, b"x1" * 1000, b"x2" * 1000]
