@@ -177,14 +177,21 @@ class _Reader:
     def read(self, at: int, size: int) -> memoryview:
         """The data of the entry record at offset ``at`` (``size`` bytes of it)."""
         buf = bytearray(_DATA_AT + size)
+        view = memoryview(buf)
+        if not self._read_into(buf, at):
+            # A read racing a direct write of the same block can leave the block's older
+            # bytes cached (the kernel does not order the two): drop them, read the disk.
+            os.posix_fadvise(self.fd, at, len(buf), os.POSIX_FADV_DONTNEED)
+            if not self._read_into(buf, at):
+                raise CorruptLog(f"raft log: the entry record at byte {at} of {self.name} is "
+                                 f"gone or damaged")
+        return view[_DATA_AT:].toreadonly()  # as a follower's received entries are
+
+    def _read_into(self, buf: bytearray, at: int) -> bool:
         n = os.preadv(self.fd, [buf], at)
         length, crc = _REC.unpack_from(buf, 0)
-        view = memoryview(buf)
-        if (n != len(buf) or length != _ENTRY.size + size or buf[_REC.size] != T_ENTRY
-                or _crc32c.crc32c(view[_REC.size:], self.seed) != crc):
-            raise CorruptLog(f"raft log: the entry record at byte {at} of {self.name} is "
-                             f"gone or damaged")
-        return view[_DATA_AT:].toreadonly()  # as a follower's received entries are
+        return (n == len(buf) and length == len(buf) - _REC.size and buf[_REC.size] == T_ENTRY
+                and _crc32c.crc32c(memoryview(buf)[_REC.size:], self.seed) == crc)
 
     def __del__(self) -> None:
         if self.fd >= 0:

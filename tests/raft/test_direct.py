@@ -122,3 +122,29 @@ def test_other_write_errors_are_raised(tmp_path, monkeypatch):
     with pytest.raises(OSError) as info:
         st.save(Ready(entries=ents(1, 1)))
     assert info.value.errno == errno.ENOSPC
+
+
+def test_a_stale_cached_block_is_dropped_and_read_again(tmp_path, monkeypatch):
+    """A read that raced a direct write of its block may find the block's older bytes in the
+    page cache; the reader drops them and reads the disk before calling the log damaged."""
+    from kmqkafka.raft import storage as storage_mod
+
+    st = DiskStorage.open(tmp_path / "raft")
+    st.save(Ready(entries=ents(1, 2)))
+    stored = st.entries[1].data
+    real = storage_mod._Reader._read_into
+    calls = []
+
+    def stale_once(self, buf, at):
+        calls.append(at)
+        if len(calls) == 1:
+            buf[-1] ^= 0xFF  # what a stale page would hand back
+            return False
+        return real(self, buf, at)
+
+    dropped = []
+    monkeypatch.setattr(storage_mod._Reader, "_read_into", stale_once)
+    monkeypatch.setattr(storage_mod.os, "posix_fadvise",
+                        lambda fd, at, n, advice: dropped.append((at, n, advice)))
+    assert bytes(stored.load()) == bytes([2]) * 300
+    assert len(calls) == 2 and dropped and dropped[0][2] == os.POSIX_FADV_DONTNEED
