@@ -3,8 +3,9 @@
 A connection reads 4-byte big-endian size-prefixed frames into one linear ``bytearray`` with a read
 offset. For each frame it reads (api_key, api_version, correlation_id), refuses unknown API keys
 (close), answers unadvertised versions without running a handler (see ``Dispatcher``), decodes the
-request header (v1 or v2, as kio's request class says) and the body with kio, and hands the request
-to the dispatcher. A request's handler starts only once every earlier request on the connection
+request header (v1 or v2, as kio's request class says) and the body with kio (a large Produce read
+into a buffer of its own with ``fast_requests``, its batches left in that buffer), and hands the
+request to the dispatcher. A request's handler starts only once every earlier request on the connection
 has been answered, as Kafka mutes a channel from a request's arrival until its response is sent
 (so a ListOffsets sent right behind a DeleteRecords sees the new log start). Two exceptions: a
 Produce behind Produces only (their appends are proposed in request order anyway), and requests
@@ -48,7 +49,7 @@ from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
 from kmqkafka.net.forward import FORWARD_PREFIX
-from kmqkafka.net import fast_bodies, recvinto, shared
+from kmqkafka.net import fast_bodies, fast_requests, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
@@ -260,7 +261,7 @@ class KafkaProtocol(Protocol):
         self._in_process = True
         try:
             with memoryview(whole) as view, view.toreadonly() as frame:
-                self._frame(frame)
+                self._frame(frame, owned=True)
         finally:
             self._in_process = False
         self._process()
@@ -275,7 +276,9 @@ class KafkaProtocol(Protocol):
         self._pos = 0
         self.transport.abortConnection()
 
-    def _frame(self, frame: memoryview) -> None:
+    def _frame(self, frame: memoryview, owned: bool = False) -> None:
+        """Decode and start one request. ``owned``: ``frame`` is a buffer of its own, never
+        written again, so a Produce's batches may stay in it (``fast_requests``)."""
         if len(frame) < _HEAD.size:
             self._violation("truncated_header", "frame of {n} bytes has no request header",
                             n=len(frame))
@@ -307,7 +310,10 @@ class KafkaProtocol(Protocol):
             header, used = entity_reader(request_type.__header_schema__)(frame, 0)
             guard.check(request_type, frame, used)
             frame = guard.without_unknown_tags(frame)
-            request, body = entity_reader(request_type)(frame, used)
+            if owned and api_key == _PRODUCE:
+                request = fast_requests.read_produce(request_type, api_version, frame, used)
+            else:
+                request, _end = entity_reader(request_type)(frame, used)
             # Trailing bytes are ignored, as Apache Kafka does: librdkafka, for one, sends
             # Metadata v12 bodies with fields the schema no longer has.
         except (SerialError, ValueError, TypeError, OverflowError, KeyError) as e:

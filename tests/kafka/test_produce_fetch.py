@@ -306,6 +306,51 @@ def test_a_topic_codec_recompresses_what_producers_send(broker: BrokerProcess,
     assert (answer.error_code, answer.base_offset) == (E.none, 30)
 
 
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_large_produce_requests_are_stored_exactly_in_every_codec(broker: BrokerProcess,
+                                                                  raw: Raw, codec: str) -> None:
+    """Requests of 256 KiB and more keep their batches in the buffer they were read into
+    (``net/fast_requests``): a real client's large batches, in every codec, to a plain topic,
+    to one that recompresses them, and to a compacted one (whose records are decoded to check
+    keys), are read back byte for byte."""
+    import os as _os
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    big = {"max.message.bytes": str(4 << 20)}  # this module's broker allows 64 KiB
+    configs = {"plain": big, "recompressed": {**big, "compression.type": "gzip"},
+               "compacted": {**big, "cleanup.policy": "compact"}}
+    topics = {kind: unique(f"large-{codec}-{kind}") for kind in configs}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for f in admin.create_topics([NewTopic(topics[k], 2, config=c)
+                                  for k, c in configs.items()]).values():
+        f.result(15)
+    # Random values do not compress: every codec's requests stay above 256 KiB.
+    values = [_os.urandom(1024) for _ in range(1200)]
+    p = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": codec,
+                  "linger.ms": 200, "batch.size": 900_000, "acks": "all",
+                  "retries": 0})  # a refused batch must fail, not come back in a smaller request
+    failed: list[Any] = []
+    for t in topics.values():
+        for i, v in enumerate(values):
+            p.produce(t, value=v, key=b"k%d" % i, partition=i % 2,
+                      on_delivery=lambda err, _m: err is not None and failed.append(err))
+    assert p.flush(30) == 0 and failed == []
+    for kind, t in topics.items():
+        c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("g"),
+                      "enable.auto.commit": False})
+        c.assign([TopicPartition(t, part, 0) for part in (0, 1)])
+        got: dict[bytes, bytes] = {}
+        deadline = time.monotonic() + 30
+        while len(got) < len(values) and time.monotonic() < deadline:
+            for m in c.consume(500, 0.5):
+                assert m.error() is None, m.error()
+                got[m.key()] = m.value()
+        c.close()
+        assert got == {b"k%d" % i: v for i, v in enumerate(values)}, kind
+
+
 def test_a_compression_bomb_to_a_compacted_topic_is_refused(broker: BrokerProcess,
                                                              raw: Raw) -> None:
     """A compacted topic's records are decoded to check keys: a few KiB of zstd that would
