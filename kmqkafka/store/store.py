@@ -372,7 +372,9 @@ class ChannelStore:
             self._check(name, internal)
         except Exception as exc:
             return _failed(exc)
-        return self.propose(c.Append(name, self.now_ms(), bytes(batch), checked=checked),
+        if not (type(batch) is bytes or (type(batch) is memoryview and batch.readonly)):
+            batch = bytes(batch)  # a buffer its owner could still change
+        return self.propose(c.Append(name, self.now_ms(), batch, checked=checked),
                             durable=durable)
 
     def append_records(
