@@ -51,29 +51,26 @@ class _Reader:
         self.pos += st.size
         return value
 
-    def string(self, flexible: bool) -> str | None:
-        n = self.uvarint() - 1 if flexible else self.fixed(_I16)
+    def nullable(self, flexible: bool, legacy: struct.Struct) -> memoryview | None:
+        """A string's or bytes' value (compact, or after a ``legacy`` length), None for null."""
+        n = self.uvarint() - 1 if flexible else self.fixed(legacy)
         if n < 0:
             return None
         start = self.pos
         self.pos += n
-        return str(self.buf[start:self.pos], "utf-8")
+        if self.pos > len(self.buf):
+            raise ValueError("a value runs past the frame")
+        return self.buf[start:self.pos]
+
+    def string(self, flexible: bool) -> str | None:
+        value = self.nullable(flexible, _I16)
+        return None if value is None else str(value, "utf-8")
 
     def count(self, flexible: bool) -> int:
         n = self.uvarint() - 1 if flexible else self.fixed(_I32)
         if n < 0:
             raise ValueError("a non-nullable array was null")
         return n
-
-    def records(self, flexible: bool) -> memoryview | None:
-        n = self.uvarint() - 1 if flexible else self.fixed(_I32)
-        if n < 0:
-            return None
-        start = self.pos
-        self.pos += n
-        if self.pos > len(self.buf):
-            raise ValueError("records run past the frame")
-        return self.buf[start:self.pos]
 
     def skip_tags(self) -> None:
         for _ in range(self.uvarint()):
@@ -117,7 +114,7 @@ def _read(request_type: type, version: int, frame: memoryview, pos: int) -> Any:
         partitions = []
         for _ in range(r.count(flexible)):
             index = r.fixed(_I32)
-            records = r.records(flexible)
+            records = r.nullable(flexible, _I32)
             if flexible:
                 r.skip_tags()
             partitions.append(partition_cls(index=index, records=records))
