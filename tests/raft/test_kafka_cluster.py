@@ -314,6 +314,17 @@ def test_raw_produce_and_admin_sent_straight_to_a_follower(cluster: Cluster):
     part = r.responses[0].partition_responses[0]
     assert part.error_code == E.none and part.base_offset == 0, part
 
+    # A large one (read into its own buffer, its batch left there) is forwarded as exactly.
+    import os as _os
+    big_values = [_os.urandom(1024) for _ in range(400)]
+    with RawClient(port) as raw:
+        r = raw.call(Pr(transactional_id=None, acks=-1, timeout=ms(10000), topic_data=(
+            Td(name="adm", partition_data=(Pd(index=0, records=_batch(big_values)),)),)))
+    part = r.responses[0].partition_responses[0]
+    assert part.error_code == E.none and part.base_offset == 0, part
+    for i in IDS:
+        assert [v for _o, v in fetch_all(cluster.kafka_ports[i], "adm", 400)] == big_values
+
     # InitProducerId through the follower.
     Ip = req("init_producer_id", 4, "InitProducerIdRequest")
     with RawClient(port) as raw:
