@@ -275,9 +275,7 @@ class DiskStorage:
         return st
 
     def close(self) -> None:
-        if self._direct is not None:
-            self._direct.close()
-            self._direct = None
+        self._close_direct()
         if self._fd >= 0:
             last = self._files[-1].size
             try:
@@ -585,12 +583,15 @@ class DiskStorage:
 
     def _open_direct(self) -> None:
         """Append to the last file with ``O_DIRECT`` from now on, where the filesystem can."""
-        if self._direct is not None:
-            self._direct.close()
-            self._direct = None
+        self._close_direct()
         if self.direct_writes:
             f = self._files[-1]
             self._direct = open_direct(f.path, f.size)
+
+    def _close_direct(self) -> None:
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
 
     def _write(self, pieces: list[Any], direct: bool = True) -> None:
         """Append ``pieces`` to the last file. ``direct=False``: a small write nothing syncs
@@ -608,8 +609,7 @@ class DiskStorage:
                 log.info("raft log: direct writes refused ({e}); writing through the page "
                          "cache", e=exc)
                 self.direct_writes = False
-                self._direct.close()
-                self._direct = None
+                self._close_direct()
         written = list(pieces) if self._direct is not None else None
         pos = f.size
         while pieces:

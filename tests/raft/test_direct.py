@@ -60,6 +60,13 @@ def test_page_cache_writes_between_direct_ones_are_kept(tmp_path):
     appender.close()
 
 
+def _direct_storage_or_skip(path):
+    st = DiskStorage.open(path)
+    if st._direct is None:
+        pytest.skip(f"the filesystem of {path} refuses O_DIRECT")
+    return st
+
+
 def _split(rng: random.Random, size: int) -> list[int]:
     cuts = sorted(rng.randrange(size + 1) for _ in range(3))
     bounds = [0, *cuts, size]
@@ -72,9 +79,7 @@ def ents(first, last, size=300):
 
 
 def test_a_restart_after_a_crash_finds_every_entry_and_cuts_the_padding(tmp_path):
-    st = DiskStorage.open(tmp_path / "raft")
-    if st._direct is None:
-        pytest.skip("the filesystem refuses O_DIRECT")
+    st = _direct_storage_or_skip(tmp_path / "raft")
     for first in range(1, 60, 7):
         st.save(Ready(hard_state=HardState(1, 1, first), entries=ents(first, first + 6)))
     logical = st.wal_bytes
@@ -93,9 +98,7 @@ def test_a_restart_after_a_crash_finds_every_entry_and_cuts_the_padding(tmp_path
 
 
 def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path, monkeypatch):
-    st = DiskStorage.open(tmp_path / "raft")
-    if st._direct is None:
-        pytest.skip("the filesystem refuses O_DIRECT")
+    st = _direct_storage_or_skip(tmp_path / "raft")
     st.save(Ready(entries=ents(1, 3)))
 
     def refuse(self, pieces):
@@ -111,9 +114,7 @@ def test_a_refused_direct_write_falls_back_to_the_page_cache(tmp_path, monkeypat
 
 
 def test_other_write_errors_are_raised(tmp_path, monkeypatch):
-    st = DiskStorage.open(tmp_path / "raft")
-    if st._direct is None:
-        pytest.skip("the filesystem refuses O_DIRECT")
+    st = _direct_storage_or_skip(tmp_path / "raft")
 
     def full(self, pieces):
         raise OSError(errno.ENOSPC, "No space left on device")
