@@ -24,6 +24,11 @@ class NotLeaderError(ReplicationError):
         self.leader = leader
 
 
+class MalformedCommand(ReplicationError):
+    """A forwarded command this node could not apply: refused before it reaches the log, where
+    every member would meet it at apply."""
+
+
 class ProposalLost(ReplicationError):
     """The command's log entry was replaced by another leader's: it was not applied."""
 

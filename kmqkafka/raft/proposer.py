@@ -54,7 +54,8 @@ from twisted.python.failure import Failure
 from kmqkafka.raft.core import NotLeader, ProposalDropped, RaftNode, Role, SoftState
 from kmqkafka.raft.driver import RaftDriver
 from kmqkafka.raft.errors import (
-    CommitTimeout, NoLeaderError, NotLeaderError, ProposalLost, TransportError,
+    CommitTimeout, MalformedCommand, NoLeaderError, NotLeaderError, ProposalLost,
+    TransportError,
 )
 from kmqkafka.raft.log import HardState
 from kmqkafka.raft.messages import ELIDED, Entry, EntryKind, Gather, Snapshot, SnapshotMeta
@@ -153,6 +154,27 @@ def _encode_parts(command: c.Command) -> list[Any]:
 def _encode(command: c.Command) -> bytes:
     """``commands.encode`` with one copy of an Append's batch (not three)."""
     return b"".join(_encode_parts(command))
+
+
+def check_readable(data: memoryview) -> None:
+    """Raise ``ValueError`` unless ``apply`` can decode ``data`` as entry data: one command, or a
+    group whose parts fill it exactly. A forwarded command is checked before it is proposed,
+    because an entry no member can decode stops every member's apply once it commits."""
+    try:
+        if len(data) and data[0] == _GROUP:
+            pos, end = 1, len(data)
+            while pos < end:
+                (n,) = _LEN.unpack_from(data, pos)
+                if pos + 4 + n > end:
+                    raise ValueError("a group part runs past the entry")
+                _decode(data[pos + 4:pos + 4 + n])
+                pos += 4 + n
+        else:
+            _decode(data)
+    except ValueError:
+        raise
+    except Exception as exc:  # KeyError, struct.error, UnicodeDecodeError, TypeError...
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
 
 
 def _split_group(data: memoryview) -> list[memoryview]:
@@ -780,9 +802,14 @@ class RaftProposer:
 
     def handle_forward(self, data: bytes) -> tuple[int, int]:
         """A follower's command: append it here; returns ``(index, term)``. Raises
-        ``NotLeaderError`` (with a hint) when this node is not the leader."""
+        ``NotLeaderError`` (with a hint) when this node is not the leader, ``MalformedCommand``
+        when ``data`` is not a command this node could apply."""
         if self._stopped or self.driver is None:
             raise NotLeaderError("node is stopping", None)
+        try:
+            check_readable(memoryview(data))
+        except ValueError as e:
+            raise MalformedCommand(f"malformed command: {e}") from None
         try:
             index = self.driver.propose(bytes(data))
         except NotLeader as e:

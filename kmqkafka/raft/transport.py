@@ -69,7 +69,7 @@ from zope.interface import implementer
 from kmqkafka.net.protocol import _tune_socket
 from kmqkafka.net import recvinto
 from kmqkafka.net.sendmsg import gather_writes, write_parts
-from kmqkafka.raft.errors import NotLeaderError, TransportError
+from kmqkafka.raft.errors import MalformedCommand, NotLeaderError, TransportError
 from kmqkafka.raft.snapshot_tar import TarPipe, TarPlan, plan as plan_tar, unpack
 from kmqkafka.raft.storage import CorruptLog
 from kmqkafka.raft.messages import (DecodeError, FrameBuffer, Message, Snapshot, decode,
@@ -84,6 +84,13 @@ _U64 = struct.Struct(">Q")
 _U64x3 = struct.Struct(">QQQ")
 _U64x2 = struct.Struct(">QQ")
 RAFT, FORWARD, FORWARD_OK, FORWARD_ERR, SNAPSHOT_GET, SNAPSHOT_TAR, SNAPSHOT_ERR = range(1, 8)
+_UNBOUNDED = 1 << 32
+# The payload sizes each known kind can have (least, most); any other closes the link, as a
+# frame this version would misread (a stranger on the Raft port, say) must not be acted on.
+_PAYLOAD_SIZE = {
+    FORWARD: (8, _UNBOUNDED), FORWARD_OK: (24, 24), FORWARD_ERR: (16, _UNBOUNDED),
+    SNAPSHOT_GET: (8, 8), SNAPSHOT_TAR: (8, 8),
+}
 PING_ID = 0  # the request id of a FORWARD_OK that is a PING (requests count from 1)
 STARTING = 1  # a PING's term while its sender does not serve Kafka clients yet (or any more)
 FROZEN_S = 3.0  # a peer with a link up but silent this long (12 missed pings) is not live
@@ -172,6 +179,12 @@ class _Link(protocol.Protocol):
                 nxt = pos + 4 + length
                 if nxt > end:
                     break
+                size = _PAYLOAD_SIZE.get(kind)
+                if size is not None and not size[0] <= length - 1 <= size[1]:
+                    log.warn("raft link: a frame of kind {kind} with {n} bytes; closing",
+                             kind=kind, n=length - 1)
+                    self.transport.loseConnection()
+                    return
                 if kind == SNAPSHOT_TAR:
                     self._raw_left = _U64.unpack(view[pos + 5:nxt])[0]
                     self._raw_sink = self.on_tar.begin(self._raw_left) if self.on_tar else None
@@ -517,6 +530,10 @@ class RaftTransport:
     def _serve_forward(self, link: _Link, rid: int, data: bytes) -> None:
         try:
             index, term = self._receiver.handle_forward(data)
+        except MalformedCommand as e:
+            log.warn("raft link: refused a forwarded command: {e}", e=e)
+            link.send(FORWARD_ERR, _U64x2.pack(rid, 0) + str(e).encode())
+            return
         except NotLeaderError as e:
             hint = 0 if e.leader is None else e.leader + 1  # node 0 is a node, not "none"
             link.send(FORWARD_ERR, _U64x2.pack(rid, hint) + str(e).encode())
