@@ -392,6 +392,16 @@ class RaftDriver:
         self._scheduled = False
         if self._busy or self.failed is not None:
             return
+        try:
+            self._process_ready()
+        except Exception:
+            # An apply that raised (an entry this node cannot read, a bug) must not leave the
+            # loop busy for good while /health still says 200: the node stops taking part,
+            # says why, and reports itself failed, as after a failed fsync.
+            self._busy = False
+            self._fatal(Failure())
+
+    def _process_ready(self) -> None:
         before = getattr(self._app, "before_ready", None)
         if before is not None and not self._stopped:
             before()

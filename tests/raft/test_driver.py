@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 
 from kmqkafka.raft.errors import NoLeaderError, NotLeaderError, TransportError
 from kmqkafka.raft.messages import ELIDED, InstallSnapshot, Snapshot, SnapshotMeta, Stored
@@ -196,6 +196,30 @@ def test_a_member_whose_store_flush_failed_stops_taking_part(tmp_path):
     survivor = cl.wait_leader()
     assert survivor != broken
     assert cl.result(cl.stores[survivor].create_channel("kafka.after")) is True
+
+
+def test_a_member_whose_apply_raises_stops_taking_part_and_says_so(tmp_path):
+    """An entry a member cannot apply (one it cannot decode) raised out of the Ready loop's
+    reactor call: the loop stayed busy for good and the node still looked healthy. It now
+    stops taking part as after a failed fsync (``driver.failed``), and the others go on."""
+    cl = Cluster(tmp_path)
+    leader = cl.wait_leader()
+    assert cl.result(cl.stores[leader].create_channel("kafka.a")) is True
+    cl.run(0.5)
+    broken = next(i for i in cl.ids if i != leader)
+    p = cl.stores[broken].proposer
+
+    def unreadable(entry):
+        raise ValueError("unknown command tag 251")
+
+    p.apply = unreadable
+    # Its Raft log saves finish a reactor turn later, as on the I/O thread: a committed entry
+    # it already holds is then applied within the Ready loop's own call (``_apply_stable``).
+    p.driver._run_io = lambda f, *args: deferLater(cl.clock, 0, f, *args)
+    for n, value in enumerate([b"x", b"y", b"z"], start=1):
+        d = cl.stores[leader].append_batch("kafka.a", batch(value))
+        assert cl.result(d).first_sequence == n  # raised out of the clock before
+    assert p.driver.failed is not None and p.driver.failed.check(ValueError)
 
 
 def test_leader_crash_elects_a_new_leader_and_the_old_one_catches_up(tmp_path):
