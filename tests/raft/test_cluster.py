@@ -79,23 +79,31 @@ def read_all(bootstrap: str, topic: str, count: int,
     return out
 
 
-@pytest.mark.timeout(120)
-def test_kill_9_the_leader_and_every_acknowledged_record_survives_everywhere(tmp_path):
-    ids = [0, 1, 2]  # Kafka's ids start at 0 (broker.id=0): node 0 is a node like any other
+def start_cluster(tmp_path, ids: list[int], brokers: dict) -> dict[int, int]:
+    """One daemon per id on loopback (50 ms Raft ticks), put in ``brokers`` as each starts (so
+    the caller's cleanup stops every one started); returns each node's Raft port once every
+    node is healthy."""
     raft_ports = {i: free_port() for i in ids}
     kafka_ports = {i: free_port() for i in ids}
     peers = ",".join(f"{i}=127.0.0.1:{raft_ports[i]}/127.0.0.1:{kafka_ports[i]}" for i in ids)
-    brokers = {}
+    for i in ids:
+        d = tmp_path / f"n{i}"
+        d.mkdir()
+        brokers[i] = start_broker(d, env={
+            "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
+            "CONNECTORS_KAFKA_PORT": str(kafka_ports[i]),
+            "KMQKAFKA_RAFT_TICK_MS": "50"}, wait=False)
+    for b in brokers.values():
+        _wait_healthy(b, 30)
+    return raft_ports
+
+
+@pytest.mark.timeout(120)
+def test_kill_9_the_leader_and_every_acknowledged_record_survives_everywhere(tmp_path):
+    ids = [0, 1, 2]  # Kafka's ids start at 0 (broker.id=0): node 0 is a node like any other
+    brokers: dict = {}
     try:
-        for i in ids:
-            d = tmp_path / f"n{i}"
-            d.mkdir()
-            brokers[i] = start_broker(d, env={
-                "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
-                "CONNECTORS_KAFKA_PORT": str(kafka_ports[i]),
-                "KMQKAFKA_RAFT_TICK_MS": "50"}, wait=False)
-        for b in brokers.values():
-            _wait_healthy(b, 30)
+        start_cluster(tmp_path, ids, brokers)
         leader = wait_leader(brokers)
         meta = confluent_kafka.admin.AdminClient(
             {"bootstrap.servers": brokers[leader].bootstrap}).list_topics(timeout=10)

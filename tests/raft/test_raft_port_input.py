@@ -12,7 +12,6 @@ import json
 import random
 import socket
 import struct
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -25,8 +24,7 @@ from kmqkafka.raft.transport import (
 )
 from kmqkafka.store import commands as c
 
-from tests.conftest import _wait_healthy, free_port, start_broker
-from tests.raft.test_cluster import produce, read_all, wait_leader
+from tests.raft.test_cluster import produce, read_all, start_cluster, wait_leader
 
 PEERS = {1: ("127.0.0.1", 1001), 2: ("127.0.0.1", 1002)}
 _LEN = struct.Struct(">I")
@@ -107,20 +105,9 @@ def test_a_forwarded_command_the_leader_refuses_is_answered_forward_err() -> Non
 @pytest.mark.timeout(120)
 def test_a_stranger_on_the_raft_ports_cannot_stop_the_cluster(tmp_path) -> None:
     ids = [1, 2, 3]
-    raft_ports = {i: free_port() for i in ids}
-    kafka_ports = {i: free_port() for i in ids}
-    peers = ",".join(f"{i}=127.0.0.1:{raft_ports[i]}/127.0.0.1:{kafka_ports[i]}" for i in ids)
-    brokers = {}
+    brokers: dict = {}
     try:
-        for i in ids:
-            d = tmp_path / f"n{i}"
-            d.mkdir()
-            brokers[i] = start_broker(d, env={
-                "KMQKAFKA_NODE_ID": str(i), "KMQKAFKA_PEERS": peers,
-                "CONNECTORS_KAFKA_PORT": str(kafka_ports[i]),
-                "KMQKAFKA_RAFT_TICK_MS": "50"}, wait=False)
-        for b in brokers.values():
-            _wait_healthy(b, 30)
+        raft_ports = start_cluster(tmp_path, ids, brokers)
         leader = wait_leader(brokers)
         assert produce(brokers[leader].bootstrap, "kept", [b"a%d" % i for i in range(20)]) \
             == list(range(20))
