@@ -88,8 +88,9 @@ _UNBOUNDED = 1 << 32
 # The payload sizes each known kind can have (least, most); any other closes the link, as a
 # frame this version would misread (a stranger on the Raft port, say) must not be acted on.
 _PAYLOAD_SIZE = {
-    FORWARD: (8, _UNBOUNDED), FORWARD_OK: (24, 24), FORWARD_ERR: (16, _UNBOUNDED),
-    SNAPSHOT_GET: (8, 8), SNAPSHOT_TAR: (8, 8),
+    FORWARD: (_U64.size, _UNBOUNDED), FORWARD_OK: (_U64x3.size, _U64x3.size),
+    FORWARD_ERR: (_U64x2.size, _UNBOUNDED), SNAPSHOT_GET: (_U64.size, _U64.size),
+    SNAPSHOT_TAR: (_U64.size, _U64.size),
 }
 PING_ID = 0  # the request id of a FORWARD_OK that is a PING (requests count from 1)
 STARTING = 1  # a PING's term while its sender does not serve Kafka clients yet (or any more)
