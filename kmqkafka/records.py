@@ -610,3 +610,14 @@ def build_control_batch(
         producer_id=producer_id,
         producer_epoch=producer_epoch,
     )
+
+
+def control_type(batch: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """The type of the control batch at ``pos`` (0 ABORT, 1 COMMIT, as its first record's key
+    says), or None when it carries no readable control record."""
+    for record in iter_records(batch, pos):
+        key = record.key
+        if key is None or len(key) < 4:
+            return None
+        return struct.unpack_from(">h", key, 2)[0]
+    return None

@@ -20,7 +20,7 @@ from kmqkafka.heap import keep_freed_memory, settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
-    metadata, offsets, placement, positions, produce, producers, quorum,
+    metadata, offsets, placement, positions, produce, producers, quorum, transactions,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
@@ -53,7 +53,7 @@ class Options(usage.Options):
 
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
-    offsets, consumer_groups, quorum, placement, config_resources,
+    offsets, consumer_groups, quorum, placement, config_resources, transactions,
 )
 
 

@@ -55,7 +55,8 @@ leaves short of ``min_bytes`` is read again without it (it must not wait for wit
 log = Logger()
 
 # One partition's outcome: (key, error, high watermark, log start offset, batches, nbytes).
-_Result = tuple[tuple[Hashable, int], ErrorCode, int, int, list[memoryview], int]
+# (key, error, high watermark, log start, batches, bytes, last stable offset, aborted txns)
+_Result = tuple[tuple[Hashable, int], ErrorCode, int, int, list[memoryview], int, int, Any]
 
 
 def session_cache(broker: Broker) -> SessionCache:
@@ -114,7 +115,7 @@ class _Fetch:
 
     __slots__ = ("ctx", "fctx", "store", "catalog", "uses_ids", "min_bytes", "max_bytes",
                  "deadline", "epoch_errors", "topics", "gone", "stamp", "wait", "deferred",
-                 "aborted", "parked", "ahead")
+                 "committed", "aborted_cls", "parked", "ahead")
 
     def __init__(self, request: Any, ctx: RequestContext, fctx: FetchContext,
                  epoch_errors: dict[tuple[Hashable, int], ErrorCode]) -> None:
@@ -126,9 +127,11 @@ class _Fetch:
         self.uses_ids = ctx.api_version >= 13
         self.min_bytes = request.min_bytes
         self.max_bytes = request.max_bytes
-        # No transaction is ever aborted yet: READ_COMMITTED gets an empty list, as Kafka sends,
-        # READ_UNCOMMITTED gets null.
-        self.aborted: tuple[()] | None = () if request.isolation_level == 1 else None
+        # READ_COMMITTED reads stop at the last stable offset and carry the aborted
+        # transactions the records returned may hold (an empty list when none, as Kafka
+        # sends); READ_UNCOMMITTED gets null.
+        self.committed = request.isolation_level == 1
+        self.aborted_cls = types_of(ctx).AbortedTransaction if self.committed else None
         self.deadline = broker.reactor.seconds() + max(0.0, request.max_wait.total_seconds())
         self.epoch_errors = epoch_errors
         self.topics: dict[Hashable, Topic | None] = {}
@@ -191,41 +194,47 @@ class _Fetch:
                     code = (missing if self._topic(key[0]) is None and key[0] not in self.gone
                             else ErrorCode.unknown_topic_or_partition)
             if code is not None:
-                results.append((key, code, -1, -1, [], 0))
+                results.append((key, code, -1, -1, [], 0, -1, None))
                 errors = True
                 continue
             budget = min(w.max_bytes, limit - total)
             try:
+                stable = store.stable_end(channel)
+                upto = stable if self.committed else None
                 if budget <= 0 and total:
                     b = store.bounds(channel)
                     if not b.log_start <= w.fetch_offset + 1 <= b.next_sequence:
                         raise OffsetOutOfRange(w.fetch_offset + 1, b.log_start, b.next_sequence)
                     results.append((key, ErrorCode.none, b.high_watermark - 1,
-                                    b.log_start - 1, [], 0))
+                                    b.log_start - 1, [], 0, stable - 1, None))
                     continue
                 soft = PARTITION_SOFT_CAP if capped else budget
                 rr = store.read(channel, w.fetch_offset + 1, max(min(budget, soft), 0),
-                                min_one=not total)
+                                upto=upto, min_one=not total)
                 withheld = withheld or (rr.nbytes > 0 and soft < budget)
                 if (not rr.nbytes and budget > soft
-                        and rr.high_watermark - 1 > w.fetch_offset):
+                        and (upto or rr.high_watermark) - 1 > w.fetch_offset):
                     # The next batch alone is larger than the cap: it still goes out whole.
-                    rr = store.read(channel, w.fetch_offset + 1, budget, min_one=not total)
+                    rr = store.read(channel, w.fetch_offset + 1, budget, upto=upto,
+                                    min_one=not total)
             except Exception as exc:
                 code = error_code_for(exc)
                 ahead = self._not_applied_yet(exc, w.fetch_offset)
                 if ahead is not None:
                     self.ahead = True
-                    results.append((key, ErrorCode.none, ahead[0], ahead[1], [], 0))
+                    results.append((key, ErrorCode.none, ahead[0], ahead[1], [], 0, -1, None))
                     continue
                 if code is ErrorCode.unknown_server_error:
                     log.failure("fetch from {channel} failed", channel=channel)
-                results.append((key, code, -1, -1, [], 0))
+                results.append((key, code, -1, -1, [], 0, -1, None))
                 errors = True
                 continue
             total += rr.nbytes
+            aborted = None
+            if rr.nbytes and self.committed:
+                aborted = store.aborted_between(channel, w.fetch_offset + 1, stable)
             results.append((key, ErrorCode.none, rr.high_watermark - 1, rr.log_start - 1,
-                            rr.batches, rr.nbytes))
+                            rr.batches, rr.nbytes, stable - 1, aborted))
         if withheld and not errors and total < self.min_bytes:
             return self._read(capped=False)
         return results, total, errors
@@ -252,7 +261,7 @@ class _Fetch:
     def _park(self, results: list[_Result]) -> None:
         watches = []
         wanted = {w.key: w for w in self.fctx.wanted}
-        for key, _code, hw, _start, _batches, _n in results:
+        for key, _code, hw, _start, _batches, _n, _lso, _aborted in results:
             channel = self._channel(key)
             if channel is not None:
                 # Wake on anything durable past what was readable (hw is an offset).
@@ -335,11 +344,15 @@ class _Fetch:
         sessionless = fctx.session is None
         metrics = ctx.broker.metrics
         by_topic: dict[Hashable, list[Any]] = {}
-        for key, code, hw, start, batches, nbytes in results:
+        committed = self.committed
+        aborted_cls = self.aborted_cls
+        for key, code, hw, start, batches, nbytes, lso, aborted in results:
             error = code is not ErrorCode.none
+            if lso < 0 or error:
+                lso = hw
             if not sessionless and not fctx.include(key, error=error, has_records=nbytes > 0,
                                               high_watermark=hw, log_start_offset=start,
-                                              last_stable_offset=hw):
+                                              last_stable_offset=lso):
                 continue
             records = _records_value(batches)
             if nbytes:
@@ -351,9 +364,11 @@ class _Fetch:
                 partition_index=key[1],
                 error_code=code,
                 high_watermark=hw,
-                last_stable_offset=hw,
+                last_stable_offset=lso,
                 log_start_offset=start,
-                aborted_transactions=self.aborted,
+                aborted_transactions=None if not committed else tuple(
+                    aborted_cls(producer_id=a.producer_id, first_offset=a.first - 1)
+                    for a in aborted or ()),
                 preferred_read_replica=-1,
                 records=records,
             ))

@@ -12,8 +12,8 @@ CreatePartitions handler calls
 
 Clusters: coordinator state lives in memory on one node, so the Raft leader coordinates every
 group. FindCoordinator answers with the leader (COORDINATOR_NOT_AVAILABLE while none is known);
-transaction coordinators are not served (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, so that a
-transactional producer fails at once), share-group keys get INVALID_REQUEST.
+and every transactional id (key type 1; ``transactions.py``); share-group keys get
+INVALID_REQUEST.
 ``Coordination`` (``broker.extras["coordination"]``) follows leadership: when this node
 becomes leader it passes a barrier (an empty write through Raft, so everything an
 earlier leader committed is applied here), then reloads the coordinators from the replicated
@@ -229,6 +229,9 @@ class Coordination:
         controlled shutdown unloads the groups it coordinates."""
         self.ready_term = None
         broker = self.broker
+        txn = broker.extras.get("transactions")
+        if txn is not None:
+            txn.unload()
         classic = broker.extras.get("groups")
         cg = broker.extras.get("consumer_groups")
         if cg is not None:
@@ -355,6 +358,9 @@ def coordinator_now(broker: Broker) -> GroupCoordinator:
     cg = broker.extras.get("consumer_groups")
     if cg is not None and not cg.loaded:
         cg.load()
+    txn = broker.extras.get("transactions")
+    if txn is not None and not txn.loaded:
+        txn.load()
     return c
 
 
@@ -401,15 +407,10 @@ def find_coordinator(request: Any, ctx: RequestContext) -> Any:
         topics.ensure_offsets_topic()  # Kafka creates it now; the answer need not wait
 
     def answer(key: str) -> tuple[ErrorCode, str | None]:
-        if key_type == KEY_TYPE_GROUP:
+        if key_type in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
             if where is None:
                 return ErrorCode.coordinator_not_available, "no raft leader is known"
             return ErrorCode.none, None
-        if key_type == KEY_TYPE_TRANSACTION:
-            # Not retriable, unlike COORDINATOR_NOT_AVAILABLE: a transactional producer fails
-            # at once (init_transactions) instead of retrying until its timeout.
-            return (ErrorCode.transactional_id_authorization_failed,
-                    "transactions are not supported by this broker")
         return ErrorCode.invalid_request, f"unsupported key type {key_type}"
 
     if ctx.api_version < 4:

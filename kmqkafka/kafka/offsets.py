@@ -12,8 +12,8 @@ responses. Commits answer only once durable. Per-partition errors never fail the
   (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID, REBALANCE_IN_PROGRESS while
   completing a rebalance). v10 (topic ids, KIP-848 era) is not offered.
 * OffsetFetch v1–v9: all committed partitions when ``topics`` is null (v2+), several groups per
-  request from v8. RequireStable (v7+) would answer UNSTABLE_OFFSET_COMMIT for partitions with
-  pending transactional offsets; with no transactions yet no offset is ever unstable.
+  request from v8. RequireStable (v7+) answers UNSTABLE_OFFSET_COMMIT for partitions an open
+  transaction holds an offset for (``TxnOffsetCommit``, ``transactions.py``).
 * KIP-848 consumer groups (``broker.extras["consumer_groups"]``): OffsetCommit's generation is
   the member epoch (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH; an empty group
   takes epoch -1 commits); OffsetFetch v9 naming a member checks its epoch the same way.
@@ -154,7 +154,9 @@ def _fetch_group(ctx: RequestContext, group_id: str,
 
 def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
-    # RequireStable: no transactional offsets exist yet, so nothing is ever unstable.
+    # RequireStable (v7+): a partition an open transaction holds an offset for answers
+    # UNSTABLE_OFFSET_COMMIT, and the client asks again (KIP-447).
+    unstable = _unstable_check(request, ctx)
     if ctx.api_version >= 8:
         groups = []
         for g in request.groups:
@@ -164,7 +166,8 @@ def offset_fetch(request: Any, ctx: RequestContext) -> Any:
                                        int(getattr(g, "member_epoch", -1)))
             topics = tuple(
                 make(t.OffsetFetchResponseTopics, name=name, partitions=tuple(
-                    _fetched(t.OffsetFetchResponsePartitions, index, c) for index, c in parts))
+                    _fetched(t.OffsetFetchResponsePartitions, index, c,
+                             unstable(g.group_id, name, index)) for index, c in parts))
                 for name, parts in rows)
             groups.append(make(t.OffsetFetchResponseGroup, group_id=g.group_id, topics=topics,
                                error_code=error))
@@ -182,12 +185,23 @@ def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     else:
         topics = tuple(
             make(t.OffsetFetchResponseTopic, name=name, partitions=tuple(
-                _fetched(t.OffsetFetchResponsePartition, index, c) for index, c in parts))
+                _fetched(t.OffsetFetchResponsePartition, index, c,
+                         unstable(request.group_id, name, index)) for index, c in parts))
             for name, parts in rows)
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=topics, error_code=error)
 
 
-def _fetched(cls: type, index: int, c: CommittedOffset | None) -> Any:
+def _unstable_check(request: Any, ctx: RequestContext) -> Any:
+    txn = ctx.broker.extras.get("transactions")
+    if not getattr(request, "require_stable", False) or txn is None or not txn.loaded:
+        return lambda _group, _topic, _partition: False
+    return txn.unstable
+
+
+def _fetched(cls: type, index: int, c: CommittedOffset | None, unstable: bool = False) -> Any:
+    if unstable:
+        return make(cls, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
+                    metadata="", error_code=ErrorCode.unstable_offset_commit)
     if c is None:
         return make(cls, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
                     metadata="", error_code=ErrorCode.none)

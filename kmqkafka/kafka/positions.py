@@ -78,10 +78,13 @@ def _channel(topics: TopicCatalog, name: str, partition: int) -> str | None:
 # --- ListOffsets ----------------------------------------------------------------------------
 
 
-def offset_for(store: Any, channel: str, timestamp: int) -> tuple[int, int]:
-    """(timestamp, offset) that ListOffsets answers for ``timestamp``; raises StoreError."""
+def offset_for(store: Any, channel: str, timestamp: int,
+               committed: bool = False) -> tuple[int, int]:
+    """(timestamp, offset) that ListOffsets answers for ``timestamp``; raises StoreError.
+    ``committed`` (isolation READ_COMMITTED): nothing at or past the last stable offset."""
     b = store.bounds(channel)
-    hw = b.high_watermark  # Sequence of the first record not yet durable
+    # Sequence of the first record not yet durable (or, read_committed, not yet stable)
+    hw = store.stable_end(channel) if committed else b.high_watermark
     if timestamp == LATEST:
         return -1, hw - 1
     if timestamp in (EARLIEST, EARLIEST_LOCAL):
@@ -119,6 +122,7 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
     topics: TopicCatalog = ctx.broker.extras["topics"]
     part_cls = t.ListOffsetsPartitionResponse
     epoch = identity.leader_epoch(ctx.broker)
+    committed = getattr(request, "isolation_level", 0) == 1
     # As Kafka: every occurrence of a partition named more than once is INVALID_REQUEST.
     named = Counter((topic.name, p.partition_index)
                     for topic in request.topics for p in topic.partitions)
@@ -136,7 +140,7 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
                 code = ErrorCode.unknown_topic_or_partition
             if code is None:
                 try:
-                    ts, offset = offset_for(store, channel, p.timestamp)
+                    ts, offset = offset_for(store, channel, p.timestamp, committed)
                     code = ErrorCode.none
                 except Exception as exc:
                     code = error_code_for(exc)

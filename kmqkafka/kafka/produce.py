@@ -126,7 +126,8 @@ def handle(request: Any, ctx: RequestContext) -> Any:
             d = succeed([(p.index, ErrorCode.invalid_required_acks, -1, -1, -1, None)
                          for p in td.partition_data])
         else:
-            d = _produce_topic(ctx, topics, topic_key, td.partition_data, acks, uses_ids)
+            d = _produce_topic(ctx, topics, topic_key, td.partition_data, acks, uses_ids,
+                               request.transactional_id is not None)
         per_topic.append((topic_key, d))
     d = _gather([d for _k, d in per_topic])
     if acks == 0:
@@ -140,7 +141,8 @@ def handle(request: Any, ctx: RequestContext) -> Any:
 
 
 def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
-                   partitions: tuple[Any, ...], acks: int, uses_ids: bool) -> Deferred:
+                   partitions: tuple[Any, ...], acks: int, uses_ids: bool,
+                   transactional: bool = False) -> Deferred:
     """Fires with the list of ``_Answer`` for one topic's partitions; never fails."""
 
     def all_failed(code: ErrorCode, message: str | None = None) -> Deferred:
@@ -152,7 +154,7 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
             return all_failed(ErrorCode.unknown_topic_id)
         if topic.name in INTERNAL_TOPICS:
             return all_failed(ErrorCode.invalid_topic_exception)
-        return _produce_partitions(ctx, topic, partitions, acks)
+        return _produce_partitions(ctx, topic, partitions, acks, transactional)
     try:
         validate_topic_name(topic_key)
     except KafkaError as exc:
@@ -161,7 +163,7 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
         return all_failed(ErrorCode.invalid_topic_exception)
     topic = topics.get(topic_key)
     if topic is not None:
-        return _produce_partitions(ctx, topic, partitions, acks)
+        return _produce_partitions(ctx, topic, partitions, acks, transactional)
     if not ctx.broker.settings.kafka_auto_create_topics:
         return all_failed(ErrorCode.unknown_topic_or_partition)
     try:
@@ -173,7 +175,7 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
     # A store without Raft applies the create at once: appending now keeps request order.
     topic = topics.get(topic_key)
     if topic is not None:
-        d = _produce_partitions(ctx, topic, partitions, acks)
+        d = _produce_partitions(ctx, topic, partitions, acks, transactional)
         if created is not None:
             # Answer only once the topic itself is durable as well.
             d = gatherResults([created, d], consumeErrors=True).addCallback(lambda r: r[1])
@@ -192,7 +194,7 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
         return f
 
     def then(t: Topic) -> Deferred:
-        return _produce_partitions(ctx, t, partitions, acks)
+        return _produce_partitions(ctx, t, partitions, acks, transactional)
 
     created.addErrback(lost_race)
     created.addCallback(then)
@@ -209,7 +211,7 @@ def _limit(ctx: RequestContext, topic: Topic) -> int:
 
 
 def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any, ...],
-                        acks: int) -> Deferred:
+                        acks: int, transactional: bool = False) -> Deferred:
     broker = ctx.broker
     store = broker.store
     version = ctx.api_version
@@ -251,7 +253,7 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             return d
 
         try:
-            header = _check(blob, limit, version, segment_bytes)
+            header = _check(blob, limit, version, segment_bytes, transactional)
             blob = _client_timestamp_type(blob, header, log_append)
             recompress = (target if target is not None and target.codec != header.compression
                           else None)
@@ -503,7 +505,7 @@ def _short_isr(ctx: RequestContext, topic: Topic) -> bool:
 
 
 def _check(blob: bytes | None, limit: int, version: int,
-           segment_bytes: int) -> records.BatchHeader:
+           segment_bytes: int, transactional: bool = False) -> records.BatchHeader:
     """Raise KafkaError for the partition unless ``blob`` is one acceptable batch; return its
     header.
 
@@ -523,11 +525,11 @@ def _check(blob: bytes | None, limit: int, version: int,
         raise KafkaError(ErrorCode.corrupt_message, "record set shorter than a batch header")
     view = memoryview(blob)
     header = records.read_header(view)
-    if header.attributes & records.TRANSACTIONAL_FLAG:
+    if header.attributes & records.TRANSACTIONAL_FLAG and not transactional:
         # KafkaApis checks the transactional id of a request with transactional batches
-        # before anything else; no transactional id is ever granted here (producers.py).
+        # before anything else: a request without one is not authorized to write them.
         raise KafkaError(ErrorCode.transactional_id_authorization_failed,
-                         "transactions are not supported by this broker")
+                         "transactional batches need the request's transactional id")
     if version < 7 and header.compression == records.COMPRESSION_ZSTD:
         raise KafkaError(ErrorCode.unsupported_compression_type,
                          f"Produce requests with version {version} are not allowed to use "

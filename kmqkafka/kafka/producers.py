@@ -5,9 +5,8 @@ blocks it claims with a compare-and-set of the stored block end in the ``txn`` c
 family, durable before any id of the block is used, so neither a restart nor another node
 ever hands one out again. (Each node used to extend its own block from its own counter, so
 two nodes gave out the same ids, and the second producer's acknowledged batches were
-dropped as the first one's retries.) Transactional ids need the transaction coordinator,
-which this broker does not run yet: such requests get TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-(the producer fails at once, see ``groups.py``), never a half-working answer.
+dropped as the first one's retries.) A request naming a transactional id goes to the
+transaction coordinator (``transactions.py``), relayed to the leader like a group call.
 
 DescribeProducers lists, per requested partition, every producer whose last batch is still in
 the partition's producer window (``store/producer_state.py``) with its epoch, last sequence and
@@ -88,18 +87,16 @@ class ProducerIds:
         return Deferred.fromCoroutine(self._allocate_async())
 
 
-def _ids(ctx: RequestContext) -> ProducerIds:
-    ids = ctx.broker.extras.get("producer_ids")
+def producer_ids(broker: Any) -> ProducerIds:
+    ids = broker.extras.get("producer_ids")
     if ids is None:
-        ids = ctx.broker.extras["producer_ids"] = ProducerIds(ctx.broker.store)
+        ids = broker.extras["producer_ids"] = ProducerIds(broker.store)
     return ids
 
 
 def handle(request: Any, ctx: RequestContext) -> Any:
-    if request.transactional_id is not None:  # no transactions: see groups.find_coordinator
-        return make(ctx.response_type, throttle_time=NO_THROTTLE,
-                    error_code=ErrorCode.transactional_id_authorization_failed, producer_id=-1,
-                    producer_epoch=-1)
+    if request.transactional_id is not None:
+        return _transactional(request, ctx)
     # v3+ (KIP-360) may name the producer: KafkaApis refuses a half-named one (an id without
     # an epoch or the reverse) before it reaches the coordinator.
     named_id = getattr(request, "producer_id", -1) != -1
@@ -110,7 +107,7 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     # id and epoch the request names (KIP-360 lets it name them; an idempotent producer bumps
     # its epoch itself): answering that id's next epoch would let any client fence any
     # producer.
-    d = _ids(ctx).allocate()
+    d = producer_ids(ctx.broker).allocate()
     d.addCallback(lambda new_pid: make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         producer_id=new_pid, producer_epoch=0))
@@ -163,6 +160,13 @@ def describe(request: Any, ctx: RequestContext) -> Any:
                                   for pid, entry in active)))
         out.append(make(t.TopicResponse, name=tr.name, partitions=tuple(parts)))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))
+
+
+def _transactional(request: Any, ctx: RequestContext) -> Any:
+    from kmqkafka.kafka import transactions
+    from kmqkafka.kafka.groups import coordinated
+    return coordinated(transactions.init_producer_id,
+                       transactions.init_producer_error)(request, ctx)
 
 
 def register(dispatcher: Dispatcher) -> None:

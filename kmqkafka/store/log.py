@@ -42,6 +42,7 @@ from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore, OffsetOutOfRange
 from kmqkafka.store.pagecache import PageCacheBudget
 from kmqkafka.store.producer_state import BatchMetadata, ProducerState, last_seq_of
+from kmqkafka.store.txn_state import ABORT, COMMIT, PartitionTxns
 from kmqkafka.store.segment import (
     BATCH_SPAN,
     CLEANED_SUFFIX,
@@ -220,6 +221,18 @@ def _waited_for_roll(active: Segment, batch_max_ts: int, now_ms: int) -> int:
     return now_ms - active.first_append_ms
 
 
+TRANSACTIONAL_MARK = "transactional"
+
+
+def _control_kind(batch: bytes | memoryview) -> int | None:
+    """COMMIT or ABORT for an end-transaction marker batch; None for any other control batch."""
+    try:
+        kind = records.control_type(batch)
+    except (records.InvalidBatch, ValueError):
+        return None
+    return kind if kind in (ABORT, COMMIT) else None
+
+
 class ChannelLog:
     """Append-only log of RecordBatch v2 batches; batch baseOffset = first Sequence - 1."""
 
@@ -230,6 +243,9 @@ class ChannelLog:
         self._producer_window = producer_window
         # Idempotent-producer state (producer_state.py); None: batches are stored unchecked.
         self.producers: ProducerState | None = ProducerState() if producer_window > 0 else None
+        # Open and aborted transactions (txn_state.py), with the producer state.
+        self.txns: PartitionTxns | None = PartitionTxns() if producer_window > 0 else None
+        self._transactional = False  # TRANSACTIONAL_MARK exists: the log holds such batches
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._log_start = 1
@@ -339,6 +355,9 @@ class ChannelLog:
             seg.budgeted = seg.cold_below = seg.size
         if log.producers is not None:
             log._rebuild_producers()
+        if log.txns is not None and (directory / TRANSACTIONAL_MARK).exists():
+            log._transactional = True
+            log._rebuild_txns()
         return log
 
     def _recover(self, now_ms: int, sync: bool = True) -> None:
@@ -449,6 +468,47 @@ class ChannelLog:
                 record(pid, epoch, BatchMetadata(base_seq, last_seq_of(base_seq, delta),
                                                  base_offset + 1, last, max_ts), floor)
 
+    def _rebuild_txns(self) -> None:
+        """Fold every transactional batch header of the log into ``txns`` (txn_state.py).
+
+        Start-up only, blocking, and only for a log that ever stored a transactional batch
+        (``TRANSACTIONAL_MARK``): one header read per batch from the log's start, plus a read of
+        each control batch (a few dozen bytes) for its COMMIT/ABORT type."""
+        txns = self.txns
+        assert txns is not None
+        for seg in self._segments:
+            if not seg.size:
+                continue
+            fd = seg.reader()
+            pos = 0
+            for (base_offset, length, attrs, _delta, _max_ts, pid, epoch,
+                 _base_seq) in iter_producer_headers(fd, seg.size, 0):
+                size = length + records.LOG_OVERHEAD
+                if pid >= 0 and attrs & records.TRANSACTIONAL_FLAG:
+                    if attrs & records.CONTROL_FLAG:
+                        kind = _control_kind(os.pread(fd, size, pos))
+                        if kind is not None:
+                            txns.on_marker(pid, epoch, kind, base_offset + 1)
+                    else:
+                        txns.on_data(pid, base_offset + 1)
+                pos += size
+        txns.forget_below(self._log_start)
+
+    def _mark_transactional(self) -> None:
+        """Note, durably and once, that this log holds transactional batches, so a restart
+        rebuilds its transactions (the mark must not be lost while the batch survives)."""
+        self._transactional = True
+        fd = os.open(self._dir / TRANSACTIONAL_MARK, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)
+        fsutil.fsync_dir(self._dir)
+
+    def stable_end(self, high_watermark: int) -> int:
+        """The next Sequence a read_committed reader may not pass (Kafka's LSO, + 1)."""
+        txns = self.txns
+        if txns is None or not txns.open:
+            return high_watermark
+        return txns.stable_end(high_watermark)
+
     def _load_closed(self, seg: Segment, upper: int) -> bool:
         """Map a closed segment's index files if they agree with its .log (cheap checks)."""
         try:
@@ -504,6 +564,14 @@ class ChannelLog:
         if header.size != len(batch):
             raise records.InvalidBatch("expected exactly one batch")
         producers = self.producers
+        txns = self.txns
+        if txns is not None and header.attributes & records.TRANSACTIONAL_FLAG \
+                and header.producer_id >= 0:
+            control = bool(header.attributes & records.CONTROL_FLAG)
+            if not control:
+                txns.check(header.producer_id, header.producer_epoch)
+        else:
+            txns = None
         if producers is not None and header.producer_id >= 0 \
                 and not header.attributes & records.CONTROL_FLAG:
             floor = self.producer_floor
@@ -550,6 +618,15 @@ class ChannelLog:
             producers.record(header.producer_id, header.producer_epoch, BatchMetadata(
                 base_seq, last_seq_of(base_seq, header.last_offset_delta), first, last,
                 header.max_timestamp), floor)
+        if txns is not None:
+            if not self._transactional:
+                self._mark_transactional()
+            if control:
+                kind = _control_kind(buf)
+                if kind is not None:
+                    txns.on_marker(header.producer_id, header.producer_epoch, kind, first)
+            else:
+                txns.on_data(header.producer_id, first)
         return first, last
 
     def append_many(self, batches: list, now_ms: int) -> list[tuple[int, int]]:

@@ -391,6 +391,22 @@ class ChannelStore:
             check_client_channel(name)
         return self.machine.channel(name).read(sequence, max_bytes, upto=upto, min_one=min_one)
 
+    def stable_end(self, name: str) -> int:
+        """The next Sequence a read_committed reader may not pass: the high watermark, or the
+        first record of the earliest open transaction below it (Kafka's LSO + 1)."""
+        ch = self.machine.channel(name)
+        return ch.stable_end(ch.durable_sequence)
+
+    def aborted_between(self, name: str, lo: int, hi: int) -> list:
+        """Aborted transactions (``txn_state.AbortedTxn``) with records in [lo, hi)."""
+        txns = self.machine.channel(name).txns
+        return [] if txns is None else txns.aborted_between(lo, hi)
+
+    def open_transactions(self, name: str) -> dict[int, int]:
+        """Producer id -> first Sequence of its open transaction in ``name``."""
+        txns = self.machine.channel(name).txns
+        return {} if txns is None else dict(txns.open)
+
     def bounds(self, name: str) -> ChannelBounds:
         ch = self.machine.channel(name)
         return ChannelBounds(ch.log_start, ch.durable_sequence, ch.next_sequence)
