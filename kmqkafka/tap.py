@@ -108,6 +108,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     broker.extras["topics"].on_deleted(lambda topic: metrics.forget_topic(topic.name))
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
+    transactions.install(broker)  # broker.extras["transactions"]; times out open ones
     register_handlers(dispatcher)
     quotas.install(dispatcher, settings, reactor)
 

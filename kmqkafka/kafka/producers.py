@@ -10,9 +10,9 @@ transaction coordinator (``transactions.py``), relayed to the leader like a grou
 
 DescribeProducers lists, per requested partition, every producer whose last batch is still in
 the partition's producer window (``store/producer_state.py``) with its epoch, last sequence and
-the max timestamp of its last batch; without transactions the coordinator epoch and current
-transaction start offset are -1. Every node holds the same state up to what it applied, so any
-node answers.
+the max timestamp of its last batch, and the first offset of its open transaction in that
+partition (-1: none; the coordinator epoch is always -1). Every node holds the same state up to
+what it applied, so any node answers.
 """
 
 from __future__ import annotations
@@ -149,6 +149,8 @@ def describe(request: Any, ctx: RequestContext) -> Any:
             log = machine.channels.get(channel_for(topic.name, index))
             producers = getattr(log, "producers", None)
             active = producers.active(log.producer_floor) if producers is not None else []
+            txns = getattr(log, "txns", None)
+            open_txns = txns.open if txns is not None else {}
             parts.append(make(t.PartitionResponse, partition_index=index,
                               error_code=ErrorCode.none, error_message=None,
                               active_producers=tuple(
@@ -156,7 +158,8 @@ def describe(request: Any, ctx: RequestContext) -> Any:
                                        producer_epoch=entry.epoch,
                                        last_sequence=entry.batches[-1].last_seq,
                                        last_timestamp=entry.batches[-1].max_timestamp,
-                                       coordinator_epoch=-1, current_txn_start_offset=-1)
+                                       coordinator_epoch=-1,
+                                       current_txn_start_offset=open_txns.get(pid, 0) - 1)
                                   for pid, entry in active)))
         out.append(make(t.TopicResponse, name=tr.name, partitions=tuple(parts)))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out))

@@ -24,7 +24,7 @@ from kmqkafka.coordinators.transactions import STATES, TxnCoordinator, TxnError
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.errors import error_code_for
-from kmqkafka.kafka.groups import coordinated, coordinator, top_level_error
+from kmqkafka.kafka.groups import coordinated, coordinator
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 log = Logger()
@@ -39,18 +39,20 @@ _FENCED_SINCE = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS: 2, ADD_OFFSETS: 2, END_TXN
                  TXN_OFFSET_COMMIT: 2}
 
 
-def txn_coordinator(broker: Broker) -> TxnCoordinator:
-    """The loaded transaction coordinator of ``broker`` (created on first use)."""
+def install(broker: Broker) -> TxnCoordinator:
+    """Create the broker's transaction coordinator (idempotent) and its time-out loop, so
+    that a transaction left open before a restart is aborted even if its producer never
+    comes back. Safe before the store has started: state is loaded on first use."""
     txn = broker.extras.get("transactions")
     if txn is None:
         from kmqkafka.kafka.producers import producer_ids
-        groups = coordinator(broker)
 
         def partition_count(topic: str) -> int | None:
             found = broker.extras["topics"].get(topic)
             return None if found is None else found.partitions
 
         def offsets_committed(group_id: str, recs: list) -> None:
+            groups = coordinator(broker)
             for key, value in recs:
                 groups.offsets.replay(key, value)
             cg = broker.extras.get("consumer_groups")
@@ -61,6 +63,12 @@ def txn_coordinator(broker: Broker) -> TxnCoordinator:
                              offsets_committed)
         broker.extras["transactions"] = txn
         _abort_expired_periodically(broker, txn)
+    return txn
+
+
+def txn_coordinator(broker: Broker) -> TxnCoordinator:
+    """The loaded transaction coordinator of ``broker``."""
+    txn = install(broker)
     if not txn.loaded:
         txn.load()
     return txn
@@ -71,8 +79,11 @@ def _abort_expired_periodically(broker: Broker, txn: TxnCoordinator) -> None:
     coordinator serves (its aborts replicate like any other write)."""
     def run() -> None:
         coordination = broker.extras.get("coordination")
-        if not txn.loaded or (coordination is not None and not coordination.serving()):
+        if not getattr(broker.store, "started", False) or (
+                coordination is not None and not coordination.serving()):
             return
+        if not txn.loaded:
+            txn.load()
         txn.abort_expired().addErrback(
             lambda f: log.warn("aborting timed-out transactions failed: {error}",
                                error=f.getErrorMessage()))

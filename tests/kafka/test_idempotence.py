@@ -171,12 +171,10 @@ def test_a_producer_id_without_a_sequence_is_an_invalid_record(shared: BrokerPro
     assert (answer.error_code, answer.error_message) == (E.invalid_record, None)
 
 
-def test_a_transactional_batch_is_refused_as_kafka_refuses_its_transactional_id(
-        shared: BrokerProcess):
+def test_a_transactional_batch_without_a_transactional_id_is_refused(shared: BrokerProcess):
     """Kafka checks the transactional id of a Produce carrying transactional batches before
-    anything else (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53); no transactional id is ever
-    granted here, so such a batch is never stored, where it would stay an open transaction
-    that no marker ever ends."""
+    anything else: a request without one gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), and
+    the batch is never stored, where it would open a transaction no coordinator knows."""
     pid, epoch = init_producer(shared.kafka_port)
     topic = unique("txn-batch")
     txn = records.build_batch([records.NewRecord(value=b"t", timestamp=1_700_000_000_000)],

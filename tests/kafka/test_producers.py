@@ -2,7 +2,6 @@
 
 import datetime
 
-import pytest
 
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v4.request import InitProducerIdRequest
@@ -53,41 +52,6 @@ def test_a_half_named_producer_is_an_invalid_request_as_in_kafka(broker):
             ErrorCode.invalid_request, -1, -1)
     assert init(broker.kafka_port, pid=42, epoch=3).error_code == ErrorCode.none
     assert init(broker.kafka_port).error_code == ErrorCode.none
-
-
-def test_transactional_producers_fail_at_once_not_after_their_timeout(broker):
-    """No transactions here: the refusal must not be retriable, or every client retries
-    until its own timeout (a minute by default) before reporting anything."""
-    import asyncio
-    import time
-
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import TransactionalIdAuthorizationFailed
-    from confluent_kafka import KafkaException, Producer
-    from kafka import KafkaProducer
-    from kafka.errors import TransactionalIdAuthorizationFailedError
-
-    assert init(broker.kafka_port, txn="tx-1").error_code == (
-        ErrorCode.transactional_id_authorization_failed)
-    start = time.monotonic()
-    with pytest.raises(KafkaException) as info:
-        Producer({"bootstrap.servers": broker.bootstrap,
-                  "transactional.id": "tx-2"}).init_transactions(30)
-    assert info.value.args[0].code() == 53 and info.value.args[0].fatal()
-    with pytest.raises(TransactionalIdAuthorizationFailedError):
-        KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="tx-3",
-                      max_block_ms=30000).init_transactions()
-
-    async def aio() -> None:
-        p = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="tx-4")
-        try:
-            with pytest.raises(TransactionalIdAuthorizationFailed):
-                await asyncio.wait_for(p.start(), 30)
-        finally:
-            await p.stop()
-
-    asyncio.run(aio())
-    assert time.monotonic() - start < 10
 
 
 def test_default_kafka_python_producer_is_idempotent_and_works(broker):
