@@ -943,7 +943,7 @@ class ChannelLog:
 
         Cleanable, as Kafka's ``LogCleanerManager.cleanableOffsets``: closed, indexed segments
         up to the active one, stopping at the first whose newest record is younger than
-        ``min.compaction.lag.ms``; the key map covers exactly those (records in the active
+        ``min.compaction.lag.ms`` or that reaches the last stable offset; the key map covers exactly those (records in the active
         segment do not supersede anything yet). A pass is due when the dirty share of those
         bytes (written since the last clean) exceeds ``min.cleanable.dirty.ratio``, when the
         oldest dirt is older than ``max.compaction.lag.ms``, or when a kept tombstone's delete
@@ -959,9 +959,14 @@ class ChannelLog:
         if not cfg.compact or self._cleaning:
             return None
         cleanable: list[Segment] = []
+        # As Kafka's cleaner: nothing at or past the last stable offset, so an open
+        # transaction's records never replace (and remove) a committed value of their key.
+        stable = self.stable_end(self._durable)
         for seg in self._segments[:-1]:
             if seg.builder is not None or seg.offsets is None:
                 break  # its index is still being written
+            if seg.end > stable:
+                break
             lag = cfg.min_compaction_lag_ms
             if lag > 0 and seg.max_timestamp > now_ms - lag:
                 break

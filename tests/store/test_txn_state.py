@@ -13,7 +13,7 @@ from kmqkafka.store.errors import InvalidProducerEpoch
 from kmqkafka.store.log import TRANSACTIONAL_MARK, ChannelLog
 from kmqkafka.store.txn_state import ABORT, COMMIT, AbortedTxn, PartitionTxns
 
-from . import flush
+from . import all_records, flush
 
 
 def test_open_transactions_hold_the_stable_end_at_their_first_record() -> None:
@@ -115,3 +115,36 @@ def test_only_a_log_marked_transactional_is_scanned_at_open(tmp_path: Path) -> N
     marked = open_log(tmp_path)
     assert state(marked) == ({1: 1}, [], {})
     marked.close()
+
+
+def test_compaction_stops_at_an_open_transaction(tmp_path: Path) -> None:
+    """Kafka's cleaner never passes the last stable offset: an open transaction's record must
+    not supersede (and so remove) the committed value of its key."""
+    log = ChannelLog.open(tmp_path, LogConfig(cleanup_policy="compact",
+                                              min_cleanable_dirty_ratio=0.0),
+                          0, producer_window=1 << 18)
+    keyed = records.build_batch([records.NewRecord(key=b"k", value=b"committed",
+                                                   timestamp=1_000)], now_ms=1_000)
+    log.append(keyed, 0)
+    log.roll()
+    pending = records.build_batch([records.NewRecord(key=b"k", value=b"pending",
+                                                     timestamp=1_000)], now_ms=1_000,
+                                  attributes=records.TRANSACTIONAL_FLAG, producer_id=9,
+                                  producer_epoch=0, base_sequence=0)
+    log.append(pending, 0)
+    log.roll()
+    log.append(keyed, 0)  # the active segment
+    flush(log)
+    plan = log.compaction_plan(10_000)
+    assert plan is not None and [src.base for src in plan.sources] == [1]
+    log.install_compaction(plan.run())
+    assert [r.value for r in all_records(log)][:2] == [b"committed", b"pending"]
+    log.append(marker(9, 0, commit=False), 0)
+    log.roll()
+    flush(log)
+    plan = log.compaction_plan(10_000)
+    # With the transaction ended, the segments up to the active one may clean.
+    assert plan is not None and [src.base for src in plan.sources] == [1, 2, 3]
+    log.abandon_compaction()
+    plan.close() if hasattr(plan, "close") else None
+    log.close()
