@@ -11,6 +11,7 @@ know it).
 """
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -257,16 +258,18 @@ def describe_transactions(request: Any, ctx: RequestContext) -> Any:
         meta = txn.describe(tid)
         if meta is None:
             out.append(make(t.TransactionState, error_code=ErrorCode.transactional_id_not_found,
-                            transactional_id=tid, transaction_state="", transaction_timeout=0,
-                            transaction_start_time=-1, producer_id=-1, producer_epoch=-1,
-                            topics=()))
+                            transactional_id=tid, transaction_state="",
+                            transaction_timeout=_timeout(0), transaction_start_time=_time(0),
+                            producer_id=-1, producer_epoch=-1, topics=()))
             continue
         by_topic: dict[str, list[int]] = {}
         for topic, p in meta.partitions:
             by_topic.setdefault(topic, []).append(p)
         out.append(make(t.TransactionState, error_code=ErrorCode.none, transactional_id=tid,
-                        transaction_state=meta.state, transaction_timeout=meta.timeout_ms,
-                        transaction_start_time=meta.start_ms, producer_id=meta.producer_id,
+                        transaction_state=meta.state,
+                        transaction_timeout=_timeout(meta.timeout_ms),
+                        transaction_start_time=_time(meta.start_ms),
+                        producer_id=meta.producer_id,
                         producer_epoch=meta.epoch, topics=tuple(
                             make(t.TopicData, topic=name, partitions=tuple(ps))
                             for name, ps in by_topic.items())))
@@ -277,8 +280,18 @@ def describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
     t = types_of(ctx)
     return make(ctx.response_type, throttle_time=NO_THROTTLE, transaction_states=tuple(
         make(t.TransactionState, error_code=code, transactional_id=tid, transaction_state="",
-             transaction_timeout=0, transaction_start_time=-1, producer_id=-1,
-             producer_epoch=-1, topics=()) for tid in request.transactional_ids))
+             transaction_timeout=_timeout(0), transaction_start_time=_time(0),
+             producer_id=-1, producer_epoch=-1, topics=()) for tid in request.transactional_ids))
+
+
+def _timeout(ms: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=ms)
+
+
+def _time(ms: int) -> datetime.datetime:
+    """kio's datetime for an epoch-millisecond field (Kafka's -1, "no transaction", included:
+    an unknown id answers 0, the schema's default)."""
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
 
 
 def list_transactions(request: Any, ctx: RequestContext) -> Any:

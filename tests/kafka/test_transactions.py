@@ -429,3 +429,34 @@ def test_transactions_survive_kill_9(tmp_path: Path):
             [b"ok-%d" % i for i in range(4)] + [b"after"])
     finally:
         b.stop()
+
+
+def test_describe_and_list_transactions(shared: BrokerProcess):
+    from kio.schema.describe_transactions.v0.request import DescribeTransactionsRequest
+    from kio.schema.list_transactions.v1.request import ListTransactionsRequest
+
+    bs, topic, tid = shared.bootstrap, unique("describe"), unique("tid")
+    create(bs, topic, 2)
+    p = txn_producer(bs, tid, **{"transaction.timeout.ms": 45000})
+    p.begin_transaction()
+    p.produce(topic, value=b"x", partition=1)
+    p.flush(30)
+    with RawClient(shared.kafka_port) as raw:
+        r = raw.call(DescribeTransactionsRequest(transactional_ids=(tid, "no-such-id")))
+        found, missing = r.transaction_states
+        assert (found.error_code, found.transaction_state, found.transaction_timeout) == (
+            E.none, "Ongoing", datetime.timedelta(seconds=45))
+        assert [(t.topic, t.partitions) for t in found.topics] == [(topic, (1,))]
+        assert abs(found.transaction_start_time.timestamp() - time.time()) < 60
+        assert missing.error_code is E.transactional_id_not_found
+        listed = raw.call(ListTransactionsRequest(state_filters=("Ongoing",),
+                                                  producer_id_filters=(found.producer_id,),
+                                                  duration_filter=-1))
+        assert [(x.transactional_id, x.transaction_state)
+                for x in listed.transaction_states] == [(tid, "Ongoing")]
+        p.commit_transaction(30)
+        r = raw.call(DescribeTransactionsRequest(transactional_ids=(tid,)))
+        assert r.transaction_states[0].transaction_state == "CompleteCommit"
+        assert raw.call(ListTransactionsRequest(
+            state_filters=("Ongoing",), producer_id_filters=(found.producer_id,),
+            duration_filter=-1)).transaction_states == ()

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -33,11 +34,11 @@ from tests.raft.test_kafka_cluster import (
 from tests.rawkafka import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-import confluent_kafka.admin  # noqa: E402
+admin_api = pytest.importorskip("confluent_kafka.admin")
 
-from kio.schema.errors import ErrorCode as E  # noqa: E402
+from kio.schema.errors import ErrorCode as E
 
-from kmqkafka import records  # noqa: E402
+from kmqkafka import records
 
 PARTITIONS = (0, 1)
 READ_COMMITTED, READ_UNCOMMITTED = 1, 0
@@ -57,11 +58,12 @@ def txn_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def create_topic(cluster: Cluster, via: int, topic: str, partitions: int) -> None:
-    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": cluster.bootstrap(via)})
-    admin.create_topics([confluent_kafka.admin.NewTopic(topic, partitions)],
+    admin = admin_api.AdminClient({"bootstrap.servers": cluster.bootstrap(via)})
+    admin.create_topics([admin_api.NewTopic(topic, partitions)],
                         request_timeout=20)[topic].result(25)
     for i in cluster.live():
-        wait_for(lambda: topic_listed(cluster.kafka_ports[i], topic), what=f"node {i} has {topic}")
+        wait_for(lambda i=i: topic_listed(cluster.kafka_ports[i], topic),
+                 what=f"node {i} has {topic}")
 
 
 def txn_producer(bootstrap: str, transactional_id: str) -> Any:
@@ -236,7 +238,7 @@ def check_every_node(cluster: Cluster, topic: str, nodes: Any, end: int,
     logs = {}
     for i in nodes:
         port = cluster.kafka_ports[i]
-        wait_for(lambda: ends_are(port, topic, end, end), what=f"node {i} ends at {end}")
+        wait_for(lambda port=port: ends_are(port, topic, end, end), what=f"node {i} ends at {end}")
         for q in PARTITIONS:
             log = raw_log(port, topic, q)
             assert (log["hwm"], log["lso"]) == (end, end), (i, q, log)
@@ -302,7 +304,7 @@ def test_an_open_transaction_survives_a_leader_kill_and_is_fenced_by_the_next_pr
     for q in PARTITIONS:
         assert [o for o, _v in left_open[q]] == [3, 4, 5]
     for i in IDS:  # read_committed stops at the open transaction's first record everywhere
-        wait_for(lambda: ends_are(cluster.kafka_ports[i], topic, 3, 6),
+        wait_for(lambda i=i: ends_are(cluster.kafka_ports[i], topic, 3, 6),
                  what=f"node {i}: the open transaction holds the last stable offset at 3")
     (pid, state), = [v for k, v in transactions(cluster.kafka_ports[old_leader]).items()
                      if k == tid]
@@ -314,7 +316,7 @@ def test_an_open_transaction_survives_a_leader_kill_and_is_fenced_by_the_next_pr
 
     # The new leader reloaded the coordinator state: the transaction is still open there.
     for i in survivors:
-        wait_for(lambda: ends_are(cluster.kafka_ports[i], topic, 3, 6),
+        wait_for(lambda i=i: ends_are(cluster.kafka_ports[i], topic, 3, 6),
                  what=f"node {i}: still open after the kill")
     assert wait_for(lambda: transactions(cluster.kafka_ports[new_leader]).get(tid),
                     what="ListTransactions on the new leader") == (pid, "Ongoing")
@@ -328,7 +330,7 @@ def test_an_open_transaction_survives_a_leader_kill_and_is_fenced_by_the_next_pr
     fencer = txn_producer(cluster.bootstrap(follower), tid)
     fencer.init_transactions(30)
     for i in survivors:
-        wait_for(lambda: ends_are(cluster.kafka_ports[i], topic, 7, 7),
+        wait_for(lambda i=i: ends_are(cluster.kafka_ports[i], topic, 7, 7),
                  what=f"node {i}: the open transaction was aborted")
     assert transactions(cluster.kafka_ports[new_leader]).get(tid) in (
         (pid, "Empty"), (pid, "CompleteAbort"))
