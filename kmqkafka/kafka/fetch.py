@@ -54,8 +54,8 @@ leaves short of ``min_bytes`` is read again without it (it must not wait for wit
 
 log = Logger()
 
-# One partition's outcome: (key, error, high watermark, log start offset, batches, nbytes).
-# (key, error, high watermark, log start, batches, bytes, last stable offset, aborted txns)
+# One partition's outcome: (key, error, high watermark, log start offset, batches, nbytes,
+# last stable offset, aborted transactions or None).
 _Result = tuple[tuple[Hashable, int], ErrorCode, int, int, list[memoryview], int, int, Any]
 
 
