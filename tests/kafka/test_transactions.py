@@ -94,6 +94,19 @@ def list_offset(port: int, topic: str, partition: int = 0, *, committed: bool) -
     return p.offset
 
 
+def transaction(p: Producer, topic: str, prefix: bytes, n: int, *, partitions: int = 2,
+                commit: bool = True) -> None:
+    """One transaction of ``n`` records ``prefix-i`` spread over ``partitions``."""
+    p.begin_transaction()
+    for i in range(n):
+        p.produce(topic, value=b"%s-%d" % (prefix, i), partition=i % partitions)
+    if commit:
+        p.commit_transaction(30)
+    else:
+        p.flush(30)
+        p.abort_transaction(30)
+
+
 def values(rows: list[tuple[int, int, bytes]]) -> list[bytes]:
     return [v for _p, _o, v in rows]
 
@@ -105,19 +118,9 @@ def test_committed_records_are_read_and_aborted_ones_skipped(shared: BrokerProce
     bs, topic = shared.bootstrap, unique("commit-abort")
     create(bs, topic, 2)
     p = txn_producer(bs, unique("tid"))
-    p.begin_transaction()
-    for i in range(6):
-        p.produce(topic, value=b"c1-%d" % i, partition=i % 2)
-    p.commit_transaction(30)
-    p.begin_transaction()
-    for i in range(6):
-        p.produce(topic, value=b"ab-%d" % i, partition=i % 2)
-    p.flush(30)
-    p.abort_transaction(30)
-    p.begin_transaction()
-    for i in range(4):
-        p.produce(topic, value=b"c2-%d" % i, partition=0)
-    p.commit_transaction(30)
+    transaction(p, topic, b"c1", 6)
+    transaction(p, topic, b"ab", 6, commit=False)
+    transaction(p, topic, b"c2", 4, partitions=1)
 
     committed = read(bs, topic, 2)
     assert sorted(values(committed)) == sorted(
@@ -398,15 +401,8 @@ def test_transactions_survive_kill_9(tmp_path: Path):
         bs = b.bootstrap
         create(bs, topic, 2)
         p = txn_producer(bs, tid)
-        p.begin_transaction()
-        for i in range(4):
-            p.produce(topic, value=b"ok-%d" % i, partition=i % 2)
-        p.commit_transaction(30)
-        p.begin_transaction()
-        for i in range(4):
-            p.produce(topic, value=b"no-%d" % i, partition=i % 2)
-        p.flush(30)
-        p.abort_transaction(30)
+        transaction(p, topic, b"ok", 4)
+        transaction(p, topic, b"no", 4, commit=False)
         p.begin_transaction()
         p.produce(topic, value=b"open", partition=0)
         p.flush(30)
