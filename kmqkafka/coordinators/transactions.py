@@ -19,7 +19,9 @@ Pending offsets live in the id's record until the commit, so a new leader that t
 half-done transaction still commits exactly what the producer sent. A transaction older than
 its timeout is aborted by the serving coordinator with the epoch bumped (its markers carry the
 new epoch, so the old producer's late writes are refused by every partition). InitProducerId on
-an id with an open transaction aborts it the same way (fencing a zombie).
+an id with an open transaction aborts it the same way (fencing a zombie). An id with no open
+transaction that has not been used for ``transactional.id.expiration.ms`` (7 days) is forgotten,
+as Kafka forgets it.
 
 State changes only after the write is durable; one ``DeferredLock`` serializes every operation
 (transaction control calls are few; their data goes through Produce). Reactor thread only.
@@ -47,6 +49,7 @@ log = Logger()
 FAMILY = "txn"
 KEY_PREFIX = b"tid:"
 MAX_EPOCH = 32767  # Short.MAX_VALUE: an id at this epoch gets a fresh producer id
+ID_EXPIRATION_MS = 7 * 24 * 3600 * 1000  # Kafka's transactional.id.expiration.ms
 
 EMPTY, ONGOING = "Empty", "Ongoing"
 COMPLETE_COMMIT, COMPLETE_ABORT = "CompleteCommit", "CompleteAbort"
@@ -307,16 +310,27 @@ class TxnCoordinator:
     # --- time-outs ----------------------------------------------------------------------
 
     def abort_expired(self) -> Deferred:
-        """Abort (fencing the producer) every transaction open longer than its timeout."""
+        """Abort (fencing the producer) every transaction open longer than its timeout, and
+        forget ids idle past ``ID_EXPIRATION_MS``; fires with how many were aborted."""
         now = self.store.now_ms()
         due = [m.transactional_id for m in self.txns.values()
                if m.state == ONGOING and now - m.start_ms > m.timeout_ms]
-        if not due:
+        idle = [m.transactional_id for m in self.txns.values()
+                if m.state != ONGOING and now - m.update_ms > ID_EXPIRATION_MS]
+        if not due and not idle:
             return succeed(0)
-        return self._run(self._abort_expired, due)
+        return self._run(self._abort_expired, due, idle)
 
-    async def _abort_expired(self, due: list[str]) -> int:
+    async def _abort_expired(self, due: list[str], idle: list[str]) -> int:
         now = self.store.now_ms()
+        gone = [tid for tid in idle if tid in self.txns and self.txns[tid].state != ONGOING
+                and now - self.txns[tid].update_ms > ID_EXPIRATION_MS]
+        if gone:
+            await self.store.propose(c.KeyedPut(
+                FAMILY, tuple((_key(tid), None) for tid in gone), now))
+            for tid in gone:
+                self.txns.pop(tid, None)
+            log.info("forgot {n} transactional id(s) idle for 7 days", n=len(gone))
         n = 0
         for tid in due:
             meta = self.txns.get(tid)
