@@ -1,12 +1,15 @@
 """Real clients' requests, mutated, against a running daemon: each fails alone.
 
-``data/client_frames.hex`` holds 93 request frames (one per line, hex, length prefix
+``data/client_frames.hex`` holds 122 request frames (one per line, hex, length prefix
 included) that kafkajs 2.2.4, confluent-kafka 2.16 (librdkafka) and kafka-python 3.0.12 sent
 to kmqkafka while producing with every codec, consuming in classic and KIP-848 groups and
-running their admin calls: 48 API key/version pairs. A logging TCP proxy between those clients
-and the daemon recorded them; a few frames per API key and version were kept. Each test frame
-is one of them with a few bytes changed, a length or count set to an extreme, a character of a
-name changed, a cut, or garbage appended, sent on a connection of its own.
+running their admin calls, and (the last 29) while running transactions (commit, abort,
+offsets sent to a transaction, read_committed consumers), with DescribeTransactions v0 and
+ListTransactions v1 requests written by kio (client id "raw-test"): 63 API key/version pairs.
+A logging TCP proxy between those clients and the daemon recorded them; a few frames per API
+key and version were kept. Each test frame is one of them with a few bytes changed, a length
+or count set to an extreme, a character of a name changed, a cut, or garbage appended, sent on
+a connection of its own.
 
 What Kafka promises for such input, and what is checked: the request gets an answer carrying
 its correlation id, or its connection is closed; no handler fails (the daemon logs every
