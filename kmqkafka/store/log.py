@@ -943,10 +943,11 @@ class ChannelLog:
 
         Cleanable, as Kafka's ``LogCleanerManager.cleanableOffsets``: closed, indexed segments
         up to the active one, stopping at the first whose newest record is younger than
-        ``min.compaction.lag.ms`` or that reaches the last stable offset; the key map covers exactly those (records in the active
-        segment do not supersede anything yet). A pass is due when the dirty share of those
-        bytes (written since the last clean) exceeds ``min.cleanable.dirty.ratio``, when the
-        oldest dirt is older than ``max.compaction.lag.ms``, or when a kept tombstone's delete
+        ``min.compaction.lag.ms`` or that reaches the last stable offset; the key map covers
+        exactly those (records in the active segment do not supersede anything yet). A pass is
+        due when the dirty share of those bytes (written since the last clean) exceeds
+        ``min.cleanable.dirty.ratio``, when the oldest dirt is older than
+        ``max.compaction.lag.ms``, or when a kept tombstone's delete
         horizon has passed. The plan holds its own fds, so later retention or closes cannot
         disturb it.
 
