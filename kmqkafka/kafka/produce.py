@@ -127,7 +127,7 @@ def handle(request: Any, ctx: RequestContext) -> Any:
                          for p in td.partition_data])
         else:
             d = _produce_topic(ctx, topics, topic_key, td.partition_data, acks, uses_ids,
-                               request.transactional_id is not None)
+                               request.transactional_id)
         per_topic.append((topic_key, d))
     d = _gather([d for _k, d in per_topic])
     if acks == 0:
@@ -142,7 +142,7 @@ def handle(request: Any, ctx: RequestContext) -> Any:
 
 def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
                    partitions: tuple[Any, ...], acks: int, uses_ids: bool,
-                   transactional: bool = False) -> Deferred:
+                   transactional: str | None = None) -> Deferred:
     """Fires with the list of ``_Answer`` for one topic's partitions; never fails."""
 
     def all_failed(code: ErrorCode, message: str | None = None) -> Deferred:
@@ -211,7 +211,7 @@ def _limit(ctx: RequestContext, topic: Topic) -> int:
 
 
 def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any, ...],
-                        acks: int, transactional: bool = False) -> Deferred:
+                        acks: int, transactional: str | None = None) -> Deferred:
     broker = ctx.broker
     store = broker.store
     version = ctx.api_version
@@ -253,7 +253,9 @@ def _produce_partitions(ctx: RequestContext, topic: Topic, partitions: tuple[Any
             return d
 
         try:
-            header = _check(blob, limit, version, segment_bytes, transactional)
+            header = _check(blob, limit, version, segment_bytes, transactional is not None)
+            if header.attributes & records.TRANSACTIONAL_FLAG:
+                _verify_transaction(broker, transactional, header, topic.name, index)
             blob = _client_timestamp_type(blob, header, log_append)
             recompress = (target if target is not None and target.codec != header.compression
                           else None)
@@ -502,6 +504,31 @@ def _short_isr(ctx: RequestContext, topic: Topic) -> bool:
     _replicas, isr, _offline = identity.replicas(
         ctx.broker, identity.brokers(ctx.broker, ctx.listener))
     return len(isr) < min_isr
+
+
+def _verify_transaction(broker: Any, transactional_id: str | None,
+                        header: records.BatchHeader, topic: str, partition: int) -> None:
+    """KIP-890's verification, where this node coordinates transactions (the Raft leader,
+    which clients send their Produce to): a transactional batch must come from the id's
+    current producer and epoch, for a partition its open transaction added. Otherwise it
+    would open a transaction no marker ever ends, holding the last stable offset back for
+    good. (A node that does not coordinate stores it unverified, as Kafka before 3.6.)"""
+    txn = broker.extras.get("transactions")
+    coordination = broker.extras.get("coordination")
+    if txn is None or (coordination is not None and not coordination.serving()):
+        return
+    if not txn.loaded:
+        txn.load()  # the first transactional call since start-up
+    meta = txn.describe(transactional_id)
+    if meta is None or meta.producer_id != header.producer_id \
+            or meta.epoch != header.producer_epoch:
+        raise KafkaError(ErrorCode.invalid_producer_epoch,
+                         f"producer {header.producer_id} epoch {header.producer_epoch} is not "
+                         f"the current producer of transactional id {transactional_id!r}")
+    if meta.state != "Ongoing" or (topic, partition) not in meta.partitions:
+        raise KafkaError(ErrorCode.invalid_txn_state,
+                         f"{topic}-{partition} is not part of an ongoing transaction of "
+                         f"{transactional_id!r}")
 
 
 def _check(blob: bytes | None, limit: int, version: int,

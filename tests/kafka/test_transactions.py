@@ -456,3 +456,47 @@ def test_describe_and_list_transactions(shared: BrokerProcess):
         assert raw.call(ListTransactionsRequest(
             state_filters=("Ongoing",), producer_id_filters=(found.producer_id,),
             duration_filter=-1)).transaction_states == ()
+
+
+def test_a_transactional_batch_must_belong_to_the_ids_open_transaction(shared: BrokerProcess):
+    """KIP-890's verification: a batch for a partition the transaction never added, or from
+    an epoch that is not the id's current one, is refused, so it cannot open a transaction
+    that no marker will ever end (the last stable offset would stay behind it for good)."""
+    from kio.schema.produce.v9.request import (
+        PartitionProduceData, ProduceRequest, TopicProduceData,
+    )
+
+    from kmqkafka import records
+
+    port, topic, tid = shared.kafka_port, unique("verify"), unique("tid")
+    create(shared.bootstrap, topic, 2)
+    minute = datetime.timedelta(seconds=60)
+    with RawClient(port) as raw:
+        init = raw.call(InitProducerIdRequest(transactional_id=tid, transaction_timeout=minute,
+                                              producer_id=-1, producer_epoch=-1))
+        pid, epoch = init.producer_id, init.producer_epoch
+        raw.call(AddPartitionsToTxnRequest(
+            v3_and_below_transactional_id=tid, v3_and_below_producer_id=pid,
+            v3_and_below_producer_epoch=epoch,
+            v3_and_below_topics=(AddPartitionsToTxnTopic(name=topic, partitions=(0,)),)))
+
+        def produce(partition: int, p_epoch: int, seq: int) -> E:
+            batch = records.build_batch(
+                [records.NewRecord(value=b"v", timestamp=1_700_000_000_000)],
+                now_ms=1_700_000_000_000, attributes=records.TRANSACTIONAL_FLAG,
+                producer_id=pid, producer_epoch=p_epoch, base_sequence=seq)
+            r = raw.call(ProduceRequest(transactional_id=tid, acks=-1, timeout=minute,
+                                        topic_data=(TopicProduceData(name=topic, partition_data=(
+                                            PartitionProduceData(index=partition,
+                                                                 records=batch),)),)))
+            return r.responses[0].partition_responses[0].error_code
+
+        assert produce(1, epoch, 0) is E.invalid_txn_state  # never added
+        assert produce(0, epoch + 1, 0) is E.invalid_producer_epoch
+        assert produce(0, epoch, 0) is E.none
+        assert list_offset(port, topic, 1, committed=True) == 0
+        assert list_offset(port, topic, 1, committed=False) == 0  # nothing was stored there
+        assert raw.call(EndTxnRequest(transactional_id=tid, producer_id=pid,
+                                      producer_epoch=epoch, committed=True)).error_code is E.none
+        assert produce(0, epoch, 1) is E.invalid_txn_state  # the transaction has ended
+    assert values(read(shared.bootstrap, topic, 2)) == [b"v"]
