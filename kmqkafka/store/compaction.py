@@ -11,7 +11,10 @@ the cleanable segments only: ``ChannelLog.compaction_plan``); records with a nul
 are dropped, as Kafka's cleaner does; a tombstone (null value) is kept by the first
 clean that sees it, which stamps its batch with a delete horizon of now +
 ``delete_retention_ms`` (KIP-534), and dropped by a clean after that horizon; control
-batches are kept untouched. Surviving records keep their Sequence: a rewritten batch keeps its base
+batches are kept untouched, and the records of aborted transactions (``aborted``: the
+partition's aborted ranges, ``txn_state.py``) neither count in the key map nor survive, as
+Kafka's cleaner discards them, so an aborted record never supersedes its key's committed value.
+Surviving records keep their Sequence: a rewritten batch keeps its base
 offset, span (last offset delta), codec, attributes, producer id/epoch, base sequence and
 leader epoch, with offset deltas that leave gaps. A batch left without records disappears;
 a segment may become an empty file (it is kept so log_start never moves), dated by the
@@ -101,6 +104,15 @@ class CompactionPlan:
     # The ChannelLog that made the plan: a result is installed only into that very log, not
     # into a channel of the same name created after a delete (same directory and bases).
     owner: object = None
+    # producer id -> (first, last) Sequences of its aborted transactions in this partition
+    aborted: dict[int, list[tuple[int, int]]] | None = None
+
+    def _aborted(self, header: records.BatchHeader) -> bool:
+        """The data batch belongs to an aborted transaction."""
+        if not self.aborted or header.producer_id < 0 or not header.is_transactional:
+            return False
+        first = header.base_offset + 1
+        return any(lo <= first <= hi for lo, hi in self.aborted.get(header.producer_id, ()))
 
     def run(self) -> CompactionResult:
         """Build the key map, rewrite the segments that change, fsync the output."""
@@ -134,7 +146,7 @@ class CompactionPlan:
                 header = records.read_header(batch)
                 if header.base_offset + 1 + header.last_offset_delta >= self.bound:
                     return latest
-                if header.is_control:
+                if header.is_control or self._aborted(header):
                     continue
                 for rec in records.iter_records(batch):
                     if rec.key is not None:
@@ -161,6 +173,14 @@ class CompactionPlan:
                 keep: bytes | memoryview
                 if header.is_control:
                     keep = batch
+                elif self._aborted(header):
+                    removed += header.records_count
+                    changed = True
+                    if floor is not None and header.base_offset + 1 + \
+                            header.last_offset_delta >= floor:
+                        keep = records.empty_batch(header)  # the producer state reads it
+                    else:
+                        continue
                 else:
                     recs = list(records.iter_records(batch))
                     horizon = header.delete_horizon_ms

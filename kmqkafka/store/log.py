@@ -1006,7 +1006,17 @@ class ChannelLog:
             interval=cfg.index_interval_bytes,
             producer_floor=self.producer_floor if self.producers is not None else None,
             owner=self,
+            aborted=self._aborted_below(bound),
         )
+
+    def _aborted_below(self, bound: int) -> dict[int, list[tuple[int, int]]] | None:
+        """The aborted transactions a compaction below ``bound`` may meet, by producer."""
+        if self.txns is None or not self.txns.aborted:
+            return None
+        out: dict[int, list[tuple[int, int]]] = {}
+        for a in self.txns.aborted_between(self._log_start, bound):
+            out.setdefault(a.producer_id, []).append((a.first, a.last))
+        return out
 
     def install_compaction(self, result: CompactionResult) -> int:
         """Swap cleaned segments in by rename if they are unchanged since the plan.

@@ -4,6 +4,7 @@ exactly the state it had (only logs that ever held a transactional batch pay for
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,4 +148,31 @@ def test_compaction_stops_at_an_open_transaction(tmp_path: Path) -> None:
     assert plan is not None and [src.base for src in plan.sources] == [1, 2, 3]
     log.abandon_compaction()
     plan.close() if hasattr(plan, "close") else None
+    log.close()
+
+
+def test_compaction_drops_aborted_records_and_keeps_the_committed_value(tmp_path: Path) -> None:
+    """As Kafka's cleaner: an aborted record neither supersedes its key's committed value nor
+    survives a clean (its marker stays)."""
+    log = ChannelLog.open(tmp_path, LogConfig(cleanup_policy="compact",
+                                              min_cleanable_dirty_ratio=0.0),
+                          0, producer_window=1 << 18)
+
+    def keyed(value: bytes, **txn: Any) -> bytes:
+        return records.build_batch([records.NewRecord(key=b"k", value=value, timestamp=1_000)],
+                                   now_ms=1_000, **txn)
+
+    log.append(keyed(b"committed"), 0)  # 1
+    log.append(keyed(b"aborted", attributes=records.TRANSACTIONAL_FLAG, producer_id=9,
+                     producer_epoch=0, base_sequence=0), 0)  # 2
+    log.append(marker(9, 0, commit=False), 0)  # 3
+    log.roll()
+    log.append(keyed(b"tail"), 0)  # the active segment: supersedes nothing yet
+    flush(log)
+    plan = log.compaction_plan(10_000)
+    assert plan is not None
+    log.install_compaction(plan.run())
+    rows = [(r.offset, r.value) for r in all_records(log)]
+    assert rows[0] == (0, b"committed") and (1, b"aborted") not in rows
+    assert log.stable_end(log.durable_sequence) == log.durable_sequence
     log.close()
