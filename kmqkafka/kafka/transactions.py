@@ -94,11 +94,18 @@ def _abort_expired_periodically(broker: Broker, txn: TxnCoordinator) -> None:
     broker.extras["txn_expiry"] = loop
 
 
+# A write of the coordinator's that failed, as Kafka's TransactionStateManager reports it to
+# the client: leadership lost -> look for the coordinator again; timed out -> retry.
+_WRITE_ERRORS = {ErrorCode.not_leader_or_follower: ErrorCode.not_coordinator,
+                 ErrorCode.request_timed_out: ErrorCode.coordinator_not_available}
+
+
 def _code(failure: Failure, ctx: RequestContext) -> ErrorCode:
     if failure.check(TxnError):
         code = failure.value.code
     else:
         code = error_code_for(failure.value)
+        code = _WRITE_ERRORS.get(code, code)
         if code is ErrorCode.unknown_server_error:
             log.failure("transaction call {api} failed", failure, api=ctx.api_key)
     if code is ErrorCode.producer_fenced and ctx.api_version < _FENCED_SINCE.get(ctx.api_key, 0):
