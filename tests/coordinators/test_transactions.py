@@ -161,3 +161,19 @@ def test_an_idle_id_is_forgotten_after_seven_days(store: Store) -> None:
     assert txn.describe("idle") is None and txn.describe("busy") is not None
     assert [k for k, _v in store.keyed_items(FAMILY)] == [b"tid:busy"]
     assert result(txn.init_producer("idle", 60_000, -1, -1)) == (102, 0)  # a new producer id
+
+
+def test_failed_writes_and_old_versions_get_the_codes_kafka_clients_expect() -> None:
+    from types import SimpleNamespace
+
+    from twisted.python.failure import Failure
+
+    from kmqkafka.kafka.transactions import END_TXN, _code
+    from kmqkafka.raft.errors import CommitTimeout, NotLeaderError
+
+    v3 = SimpleNamespace(api_key=END_TXN, api_version=3)
+    v1 = SimpleNamespace(api_key=END_TXN, api_version=1)
+    assert _code(Failure(NotLeaderError("not the leader", 2)), v3) is E.not_coordinator
+    assert _code(Failure(CommitTimeout("slow")), v3) is E.coordinator_not_available
+    assert _code(Failure(TxnError(E.producer_fenced)), v3) is E.producer_fenced
+    assert _code(Failure(TxnError(E.producer_fenced)), v1) is E.invalid_producer_epoch
