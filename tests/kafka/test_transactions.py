@@ -500,3 +500,92 @@ def test_a_transactional_batch_must_belong_to_the_ids_open_transaction(shared: B
                                       producer_epoch=epoch, committed=True)).error_code is E.none
         assert produce(0, epoch, 1) is E.invalid_txn_state  # the transaction has ended
     assert values(read(shared.bootstrap, topic, 2)) == [b"v"]
+
+
+def test_consume_transform_produce_is_exactly_once_across_kill_9(tmp_path: Path):
+    """Two kafka-python workers copy an input topic to an output topic, each batch in one
+    transaction with its consumer offsets, and abort every fifth batch after writing it (then
+    rewind to the committed offsets); the broker is killed (-9) and restarted midway. A
+    read_committed reader of the output then finds every input record exactly once."""
+    import collections
+    import threading
+
+    kafka = pytest.importorskip("kafka")
+    n, workers = 8000, 2
+    b = start_broker(tmp_path)
+    try:
+        bs = b.bootstrap
+        create(bs, "in", 4)
+        create(bs, "out", 4)
+        plain = Producer({"bootstrap.servers": bs, "linger.ms": 5})
+        for i in range(n):
+            plain.produce("in", b"i-%d" % i, partition=i % 4)
+        plain.flush(60)
+        stop = threading.Event()
+        committed = collections.Counter()
+
+        def worker(k: int) -> None:
+            c = kafka.KafkaConsumer("in", bootstrap_servers=bs, group_id="copy",
+                                    isolation_level="read_committed", enable_auto_commit=False,
+                                    auto_offset_reset="earliest", max_poll_records=100)
+            p = None
+            batches = 0
+
+            def rewind() -> None:
+                for tp in c.assignment():
+                    c.seek(tp, c.committed(tp) or 0)
+
+            while not stop.is_set():
+                try:
+                    if p is None:
+                        p = kafka.KafkaProducer(bootstrap_servers=bs, transactional_id=f"copy-{k}",
+                                                linger_ms=5)
+                        p.init_transactions()
+                    msgs = [m for recs in c.poll(500).values() for m in recs]
+                    if not msgs:
+                        continue
+                    p.begin_transaction()
+                    for m in msgs:
+                        p.send("out", m.value.replace(b"i-", b"o-"), partition=m.partition)
+                    batches += 1
+                    if batches % 5 == 0:  # a failure after writing: abort, do it again
+                        p.flush()
+                        p.abort_transaction()
+                        rewind()
+                        continue
+                    p.send_offsets_to_transaction(
+                        {kafka.TopicPartition(m.topic, m.partition):
+                         kafka.OffsetAndMetadata(m.offset + 1, "", -1) for m in msgs}, "copy")
+                    p.commit_transaction()
+                    committed[k] += len(msgs)
+                except Exception:  # noqa: BLE001 - abort if it can, else start over; rewind
+                    try:
+                        if p is not None:
+                            p.abort_transaction()
+                    except Exception:  # noqa: BLE001
+                        p = None
+                    try:
+                        rewind()
+                    except Exception:  # noqa: BLE001
+                        time.sleep(0.2)
+            c.close()
+
+        threads = [threading.Thread(target=worker, args=(k,), daemon=True)
+                   for k in range(workers)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while sum(committed.values()) < n // 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        b.kill()
+        b.restart()
+        while sum(committed.values()) < n and time.monotonic() < deadline + 60:
+            time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        out = collections.Counter(values(read(b.bootstrap, "out", 4, timeout=60)))
+        assert len(out) == n and set(out.values()) == {1}, (
+            f"{len(out)} distinct of {n}, duplicated: {sum(v > 1 for v in out.values())}")
+    finally:
+        b.stop()
