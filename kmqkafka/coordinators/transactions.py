@@ -252,11 +252,7 @@ class TxnCoordinator:
 
     async def _commit_offsets(self, tid: str, producer_id: int, epoch: int, group_id: str,
                               offsets: list[PendingOffset]) -> None:
-        meta = self.txns.get(tid)
-        if meta is None or meta.producer_id != producer_id:
-            raise TxnError(ErrorCode.invalid_producer_id_mapping)
-        if epoch != meta.epoch:
-            raise TxnError(ErrorCode.producer_fenced)
+        meta = self._current(tid, producer_id, epoch)
         if meta.state != ONGOING or group_id not in meta.groups:
             raise TxnError(ErrorCode.invalid_txn_state,
                            f"group {group_id!r} was not added to the transaction")

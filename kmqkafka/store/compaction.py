@@ -173,19 +173,11 @@ class CompactionPlan:
                 keep: bytes | memoryview
                 if header.is_control:
                     keep = batch
-                elif self._aborted(header):
-                    removed += header.records_count
-                    changed = True
-                    if floor is not None and header.base_offset + 1 + \
-                            header.last_offset_delta >= floor:
-                        keep = records.empty_batch(header)  # the producer state reads it
-                    else:
-                        continue
                 else:
                     recs = list(records.iter_records(batch))
                     horizon = header.delete_horizon_ms
                     expired = horizon is not None and self.now_ms >= horizon
-                    kept = [
+                    kept = [] if self._aborted(header) else [
                         r for r in recs
                         if r.key is not None  # Kafka's cleaner drops keyless records
                         and latest.get(r.key, r.offset + 1) == r.offset + 1

@@ -402,11 +402,6 @@ class ChannelStore:
         txns = self.machine.channel(name).txns
         return [] if txns is None else txns.aborted_between(lo, hi)
 
-    def open_transactions(self, name: str) -> dict[int, int]:
-        """Producer id -> first Sequence of its open transaction in ``name``."""
-        txns = self.machine.channel(name).txns
-        return {} if txns is None else dict(txns.open)
-
     def bounds(self, name: str) -> ChannelBounds:
         ch = self.machine.channel(name)
         return ChannelBounds(ch.log_start, ch.durable_sequence, ch.next_sequence)
