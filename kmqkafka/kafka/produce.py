@@ -58,6 +58,7 @@ from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import (INTERNAL_TOPICS, TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog,
                                    validate_topic_name)
+from kmqkafka.kafka.transactions import txn_coordinator
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
 
@@ -513,13 +514,11 @@ def _verify_transaction(broker: Any, transactional_id: str | None,
     current producer and epoch, for a partition its open transaction added. Otherwise it
     would open a transaction no marker ever ends, holding the last stable offset back for
     good. (A node that does not coordinate stores it unverified, as Kafka before 3.6.)"""
-    txn = broker.extras.get("transactions")
     coordination = broker.extras.get("coordination")
-    if txn is None or (coordination is not None and not coordination.serving()):
+    if "transactions" not in broker.extras or (coordination is not None
+                                               and not coordination.serving()):
         return
-    if not txn.loaded:
-        txn.load()  # the first transactional call since start-up
-    meta = txn.describe(transactional_id)
+    meta = txn_coordinator(broker).describe(transactional_id)
     if meta is None or meta.producer_id != header.producer_id \
             or meta.epoch != header.producer_epoch:
         raise KafkaError(ErrorCode.invalid_producer_epoch,

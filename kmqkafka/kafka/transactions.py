@@ -83,9 +83,7 @@ def _abort_expired_periodically(broker: Broker, txn: TxnCoordinator) -> None:
         if not getattr(broker.store, "started", False) or (
                 coordination is not None and not coordination.serving()):
             return
-        if not txn.loaded:
-            txn.load()
-        txn.abort_expired().addErrback(
+        txn_coordinator(broker).abort_expired().addErrback(
             lambda f: log.warn("aborting timed-out transactions failed: {error}",
                                error=f.getErrorMessage()))
     loop = LoopingCall(run)
