@@ -20,7 +20,7 @@ from kmqkafka.heap import keep_freed_memory, settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
-    metadata, offsets, placement, positions, produce, producers, quorum, transactions,
+    metadata, offsets, placement, positions, produce, producers, quorum, share_groups, transactions,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
@@ -53,7 +53,7 @@ class Options(usage.Options):
 
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
-    offsets, consumer_groups, quorum, placement, config_resources, transactions,
+    offsets, consumer_groups, quorum, placement, config_resources, transactions, share_groups,
 )
 
 
@@ -109,6 +109,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)
     transactions.install(broker)  # broker.extras["transactions"]; times out open ones
+    share_groups.install(broker)  # broker.extras["share_groups"] (KIP-932)
     register_handlers(dispatcher)
     quotas.install(dispatcher, settings, reactor)
 

@@ -232,6 +232,9 @@ class Coordination:
         txn = broker.extras.get("transactions")
         if txn is not None:
             txn.unload()
+        share = broker.extras.get("share_groups")
+        if share is not None:
+            share.unload()
         classic = broker.extras.get("groups")
         cg = broker.extras.get("consumer_groups")
         if cg is not None:

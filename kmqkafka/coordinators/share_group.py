@@ -1,0 +1,456 @@
+"""KIP-932 share groups: membership, assignment, share sessions and share-partition state.
+
+Membership follows ShareGroupHeartbeat: epoch 0 joins (the client names its own member id),
+-1 leaves, anything else must be the member's current (or previous) epoch. The group epoch
+moves whenever the assignment it computes changes; a member is given its new assignment, and
+the group epoch as its member epoch, on its next heartbeat. There is nothing to revoke: a
+share-partition may be read by several members at once, the records themselves are locked one
+by one (``SharePartition``). The assignor is Kafka's ``simple`` idea: each subscribed
+partition goes to at least one member and, while members are fewer than partitions, to exactly
+one; with more members than partitions, members share them round-robin.
+
+Members are kept in memory only (after a restart or leader change a member's heartbeat gets
+UNKNOWN_MEMBER_ID and it joins again, as Kafka's clients do); the share-partition state is
+durable, one record per partition in the ``groups`` family under
+``SHARE_KEY_PREFIX + group "\\0" topic "\\0" partition``. A partition is initialised when it is
+first assigned, at the log end or the log start as ``share.auto.offset.reset`` says (latest by
+default), and written again after every acknowledgement and every release, which answer only
+once that write is durable.
+
+Share sessions (ShareFetch/ShareAcknowledge) are per (group, member): epoch 0 opens one with
+the partitions named, later requests must carry the next epoch, -1 closes it and releases what
+the member still holds. Reactor thread only; time from the injected ``IReactorTime``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from kio.schema.errors import ErrorCode
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from kmqkafka.coordinators.group import FOREIGN_KEY_PREFIX, GROUPS_FAMILY
+from kmqkafka.coordinators.share_partition import SharePartition
+from kmqkafka.store import commands as c
+from kmqkafka.store.names import channel_for
+
+__all__ = ["ShareGroupCoordinator", "ShareHeartbeat", "ShareResult", "ShareSession",
+           "SHARE_KEY_PREFIX"]
+
+log = Logger()
+
+SHARE_KEY_PREFIX = FOREIGN_KEY_PREFIX + b"share\x00"
+ASSIGNOR = "simple"
+MAX_EPOCH = (1 << 31) - 1
+
+PartitionKey = tuple[str, str, int]  # group, topic name, partition
+Assignment = dict[str, tuple[int, ...]]  # topic name -> partitions
+
+
+@dataclass(frozen=True, slots=True)
+class ShareHeartbeat:
+    group_id: str
+    member_id: str
+    member_epoch: int
+    rack_id: str | None
+    subscribed_topic_names: tuple[str, ...] | None
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareResult:
+    error: ErrorCode
+    message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = -1
+    heartbeat_interval_ms: int = 0
+    assignment: Assignment | None = None
+
+
+@dataclass(slots=True)
+class ShareMember:
+    member_id: str
+    topics: tuple[str, ...]
+    rack_id: str | None
+    client_id: str
+    client_host: str
+    epoch: int = 0
+    previous_epoch: int = -1
+    assignment: Assignment = field(default_factory=dict)
+    sent: Assignment | None = None  # what its last response carried
+    timer: IDelayedCall | None = None
+
+
+@dataclass(slots=True)
+class ShareGroup:
+    group_id: str
+    epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, ShareMember] = field(default_factory=dict)
+
+    def state(self) -> str:
+        return "Stable" if self.members else "Empty"
+
+
+@dataclass(slots=True)
+class ShareSession:
+    epoch: int = 0
+    partitions: dict[tuple[str, int], None] = field(default_factory=dict)  # insertion order
+
+
+class ShareGroupCoordinator:
+    """Every share group this node serves."""
+
+    def __init__(self, clock: IReactorTime, store: Any, catalog: Any, group_configs: Any, *,
+                 other_group: Callable[[str], bool] = lambda _g: False,
+                 max_members: int = 200) -> None:
+        self.clock = clock
+        self.store = store
+        self.catalog = catalog
+        self.configs = group_configs
+        self.other_group = other_group
+        self.max_members = max_members
+        self.groups: dict[str, ShareGroup] = {}
+        self.partitions: dict[PartitionKey, SharePartition] = {}
+        self.sessions: dict[tuple[str, str], ShareSession] = {}
+        self.loaded = False
+        self._expiry: IDelayedCall | None = None
+        self.released: list[Callable[[], None]] = []  # woken when records become available
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Know every group that has share-partition state (they exist while empty)."""
+        if self.loaded:
+            return
+        for key, _value in self.store.keyed_items(GROUPS_FAMILY, SHARE_KEY_PREFIX):
+            group_id = key[len(SHARE_KEY_PREFIX):].decode().split("\x00", 1)[0]
+            self.groups.setdefault(group_id, ShareGroup(group_id))
+        self.loaded = True
+
+    def unload(self) -> None:
+        for group in self.groups.values():
+            for m in group.members.values():
+                if m.timer is not None and m.timer.active():
+                    m.timer.cancel()
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
+        self._expiry = None
+        self.groups.clear()
+        self.partitions.clear()
+        self.sessions.clear()
+        self.loaded = False
+
+    # --- settings -------------------------------------------------------------------------
+
+    def _config(self, group_id: str, name: str, default: str) -> str:
+        return str(self.configs.overrides(group_id).get(name, default))
+
+    def session_ms(self, group_id: str) -> int:
+        return int(self._config(group_id, "share.session.timeout.ms", "45000"))
+
+    def heartbeat_ms(self, group_id: str) -> int:
+        return int(self._config(group_id, "share.heartbeat.interval.ms", "5000"))
+
+    def lock_ms(self, group_id: str) -> int:
+        return int(self._config(group_id, "share.record.lock.duration.ms", "30000"))
+
+    def now_ms(self) -> int:
+        return int(self.clock.seconds() * 1000)
+
+    # --- membership -----------------------------------------------------------------------
+
+    def heartbeat(self, req: ShareHeartbeat) -> Deferred:
+        if not req.group_id:
+            return succeed(ShareResult(ErrorCode.invalid_request, "GroupId can't be empty."))
+        if not req.member_id:
+            return succeed(ShareResult(ErrorCode.invalid_request, "MemberId can't be empty."))
+        group = self.groups.get(req.group_id)
+        if group is None and self.other_group(req.group_id):
+            return succeed(ShareResult(
+                ErrorCode.inconsistent_group_protocol,
+                f"Group {req.group_id} is not a share group."))
+        if req.member_epoch == -1:
+            self._leave(group, req.member_id)
+            return succeed(ShareResult(ErrorCode.none, None, req.member_id, -1,
+                                       self.heartbeat_ms(req.group_id)))
+        if group is None:
+            group = self.groups[req.group_id] = ShareGroup(req.group_id)
+        member = group.members.get(req.member_id)
+        if req.member_epoch == 0:
+            if req.subscribed_topic_names is None:
+                return succeed(ShareResult(ErrorCode.invalid_request,
+                                           "SubscribedTopicNames must be set in first request."))
+            if member is None and len(group.members) >= self.max_members:
+                return succeed(ShareResult(ErrorCode.group_max_size_reached,
+                                           f"The share group has reached its maximum size "
+                                           f"{self.max_members}."))
+            if member is None:
+                member = group.members[req.member_id] = ShareMember(
+                    req.member_id, tuple(req.subscribed_topic_names), req.rack_id,
+                    req.client_id, req.client_host)
+            else:
+                member.topics = tuple(req.subscribed_topic_names)
+            member.sent = None
+        else:
+            if member is None:
+                return succeed(ShareResult(ErrorCode.unknown_member_id,
+                                           f"Member {req.member_id} is not a member of "
+                                           f"share group {req.group_id}."))
+            if req.member_epoch not in (member.epoch, member.previous_epoch):
+                return succeed(ShareResult(ErrorCode.fenced_member_epoch,
+                                           f"The share group member has an epoch "
+                                           f"{req.member_epoch} that is not the current one "
+                                           f"({member.epoch})."))
+            if req.member_epoch == member.previous_epoch != member.epoch:
+                member.sent = None  # the response that moved it on was lost
+            if req.subscribed_topic_names is not None:
+                member.topics = tuple(req.subscribed_topic_names)
+        if req.rack_id is not None:
+            member.rack_id = req.rack_id
+        self._touch(group, member)
+        self._reassign(group)
+        if member.epoch != group.epoch:
+            member.previous_epoch, member.epoch = member.epoch, group.epoch
+        assignment = None
+        if member.sent != member.assignment:
+            assignment = member.sent = dict(member.assignment)
+        return self._initialise(group.group_id, member.assignment).addCallback(
+            lambda _: ShareResult(ErrorCode.none, None, member.member_id, member.epoch,
+                                  self.heartbeat_ms(group.group_id), assignment))
+
+    def _touch(self, group: ShareGroup, member: ShareMember) -> None:
+        if member.timer is not None and member.timer.active():
+            member.timer.cancel()
+        member.timer = self.clock.callLater(self.session_ms(group.group_id) / 1000,
+                                            self._expired, group.group_id, member.member_id)
+
+    def _expired(self, group_id: str, member_id: str) -> None:
+        group = self.groups.get(group_id)
+        if group is not None and member_id in group.members:
+            log.info("share group {group}: member {member} timed out", group=group_id,
+                     member=member_id)
+            self._leave(group, member_id)
+
+    def _leave(self, group: ShareGroup | None, member_id: str) -> None:
+        if group is None:
+            return
+        member = group.members.pop(member_id, None)
+        if member is None:
+            return
+        if member.timer is not None and member.timer.active():
+            member.timer.cancel()
+        self.close_session(group.group_id, member_id)
+        self._reassign(group)
+
+    def _reassign(self, group: ShareGroup) -> None:
+        """Compute the simple assignment; bump the group epoch if it changed."""
+        target = self._assign(group)
+        changed = False
+        for member_id, member in group.members.items():
+            mine = target.get(member_id, {})
+            if mine != member.assignment:
+                member.assignment = mine
+                changed = True
+        if changed or group.epoch == 0:
+            group.epoch = min(group.epoch + 1, MAX_EPOCH)
+            group.assignment_epoch = group.epoch
+
+    def _assign(self, group: ShareGroup) -> dict[str, Assignment]:
+        by_topic: dict[str, list[str]] = {}
+        for member_id in sorted(group.members):
+            for topic in group.members[member_id].topics:
+                by_topic.setdefault(topic, []).append(member_id)
+        out: dict[str, Assignment] = {m: {} for m in group.members}
+        for topic, members in sorted(by_topic.items()):
+            found = self.catalog.get(topic)
+            if found is None or found.partitions <= 0:
+                continue
+            n = found.partitions
+            share: dict[str, list[int]] = {m: [] for m in members}
+            if len(members) <= n:
+                for p in range(n):
+                    share[members[p % len(members)]].append(p)
+            else:
+                for i, m in enumerate(members):
+                    share[m].append(i % n)
+            for m, ps in share.items():
+                if ps:
+                    out[m][topic] = tuple(sorted(ps))
+        return out
+
+    def _initialise(self, group_id: str, assignment: Assignment) -> Deferred:
+        """Give every newly assigned partition its durable start (auto.offset.reset)."""
+        pairs = []
+        for topic, ps in assignment.items():
+            for p in ps:
+                key = (group_id, topic, p)
+                if key in self.partitions or self.store.keyed_get(GROUPS_FAMILY,
+                                                                  _key(*key)) is not None:
+                    continue
+                sp = self._fresh(group_id, topic, p)
+                if sp is None:
+                    continue
+                self.partitions[key] = sp
+                pairs.append((_key(*key), sp.encode()))
+        if not pairs:
+            return succeed(None)
+        return self.store.propose(c.KeyedPut(GROUPS_FAMILY, tuple(pairs), self.store.now_ms()))
+
+    def _fresh(self, group_id: str, topic: str, p: int) -> SharePartition | None:
+        try:
+            bounds = self.store.bounds(channel_for(topic, p))
+        except Exception:
+            return None
+        reset = self._config(group_id, "share.auto.offset.reset", "latest")
+        start = bounds.log_start - 1 if reset == "earliest" else bounds.high_watermark - 1
+        return SharePartition(max(start, 0))
+
+    # --- share-partition state ------------------------------------------------------------
+
+    def partition(self, group_id: str, topic: str, p: int) -> SharePartition | None:
+        """The loaded (or freshly initialised) state of one share-partition; None when the
+        partition does not exist."""
+        key = (group_id, topic, p)
+        sp = self.partitions.get(key)
+        if sp is None:
+            raw = self.store.keyed_get(GROUPS_FAMILY, _key(*key))
+            sp = SharePartition.decode(raw) if raw is not None else self._fresh(group_id, topic, p)
+            if sp is None:
+                return None
+            self.partitions[key] = sp
+            self.groups.setdefault(group_id, ShareGroup(group_id))
+        try:
+            bounds = self.store.bounds(channel_for(topic, p))
+        except Exception:
+            return None
+        sp.skip_to(bounds.log_start - 1)
+        return sp
+
+    def save(self, keys: Iterable[PartitionKey]) -> Deferred:
+        """Make the current state of ``keys`` durable."""
+        pairs = tuple((_key(*k), self.partitions[k].encode())
+                      for k in dict.fromkeys(keys) if k in self.partitions)
+        if not pairs:
+            return succeed(None)
+        return self.store.propose(c.KeyedPut(GROUPS_FAMILY, pairs, self.store.now_ms()))
+
+    def schedule_expiry(self) -> None:
+        """Arm one timer for the earliest lock deadline of any share-partition."""
+        deadlines = [d for d in (sp.next_deadline() for sp in self.partitions.values())
+                     if d is not None]
+        if not deadlines:
+            return
+        due = max(0.0, min(deadlines) / 1000 - self.clock.seconds())
+        if self._expiry is not None and self._expiry.active():
+            if self._expiry.getTime() <= self.clock.seconds() + due:
+                return
+            self._expiry.cancel()
+        self._expiry = self.clock.callLater(due + 0.001, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        now = self.now_ms()
+        changed = [k for k, sp in self.partitions.items() if sp.expire(now)]
+        if changed:
+            self.save(changed).addErrback(lambda f: log.warn(
+                "saving share-partition state after lock expiry failed: {error}",
+                error=f.getErrorMessage()))
+            self.wake()
+        self.schedule_expiry()
+
+    def wake(self) -> None:
+        """Records became available again: parked share fetches look again."""
+        waiters, self.released = self.released, []
+        for w in waiters:
+            w()
+
+    # --- share sessions -------------------------------------------------------------------
+
+    def session(self, group_id: str, member_id: str, epoch: int
+                ) -> tuple[ShareSession | None, ErrorCode]:
+        """The share session a request with ``epoch`` continues (0 opens a fresh one)."""
+        key = (group_id, member_id)
+        if epoch == 0:
+            s = self.sessions[key] = ShareSession()
+            return s, ErrorCode.none
+        s = self.sessions.get(key)
+        if s is None:
+            return None, ErrorCode.share_session_not_found
+        if epoch == -1:
+            return s, ErrorCode.none
+        expected = 1 if s.epoch == MAX_EPOCH else s.epoch + 1
+        if epoch != expected:
+            return None, ErrorCode.invalid_share_session_epoch
+        s.epoch = epoch
+        return s, ErrorCode.none
+
+    def close_session(self, group_id: str, member_id: str) -> Deferred:
+        """Drop the member's session and release everything it holds in the group."""
+        self.sessions.pop((group_id, member_id), None)
+        changed = [k for k, sp in self.partitions.items()
+                   if k[0] == group_id and sp.release_member(member_id)]
+        if not changed:
+            return succeed(None)
+        self.wake()
+        return self.save(changed)
+
+    def is_member(self, group_id: str, member_id: str) -> bool:
+        group = self.groups.get(group_id)
+        return group is not None and member_id in group.members
+
+    # --- admin ----------------------------------------------------------------------------
+
+    def list_groups(self) -> list[tuple[str, str]]:
+        return [(g.group_id, g.state()) for g in self.groups.values()]
+
+    def forget_topic(self, topic: str) -> Deferred:
+        """A deleted topic's share-partitions go with it."""
+        doomed = [k for k in self.partitions if k[1] == topic]
+        keys = {_key(*k) for k in doomed}
+        for k in doomed:
+            del self.partitions[k]
+        for key, _v in self.store.keyed_items(GROUPS_FAMILY, SHARE_KEY_PREFIX):
+            if key[len(SHARE_KEY_PREFIX):].decode().split("\x00")[1] == topic:
+                keys.add(key)
+        if not keys:
+            return succeed(None)
+        return self.store.propose(c.KeyedPut(GROUPS_FAMILY, tuple((k, None) for k in keys),
+                                             self.store.now_ms()))
+
+    def start_offsets(self, group_id: str) -> dict[tuple[str, int], int]:
+        """Every share-partition's start offset of ``group_id`` (DescribeShareGroupOffsets)."""
+        out = {}
+        for key, _v in self.store.keyed_items(GROUPS_FAMILY, _group_prefix(group_id)):
+            _g, topic, p = key[len(SHARE_KEY_PREFIX):].decode().rsplit("\x00", 2)
+            sp = self.partition(group_id, topic, int(p))
+            if sp is not None:
+                out[(topic, int(p))] = sp.start
+        return out
+
+    def delete_group(self, group_id: str) -> tuple[ErrorCode, Deferred]:
+        group = self.groups.get(group_id)
+        if group is None:
+            return ErrorCode.group_id_not_found, succeed(None)
+        if group.members:
+            return ErrorCode.non_empty_group, succeed(None)
+        del self.groups[group_id]
+        for k in [k for k in self.partitions if k[0] == group_id]:
+            del self.partitions[k]
+        keys = tuple((key, None) for key, _v in
+                     self.store.keyed_items(GROUPS_FAMILY, _group_prefix(group_id)))
+        if not keys:
+            return ErrorCode.none, succeed(None)
+        return ErrorCode.none, self.store.propose(
+            c.KeyedPut(GROUPS_FAMILY, keys, self.store.now_ms()))
+
+
+def _key(group_id: str, topic: str, p: int) -> bytes:
+    return SHARE_KEY_PREFIX + f"{group_id}\x00{topic}\x00{p}".encode()
+
+
+def _group_prefix(group_id: str) -> bytes:
+    return SHARE_KEY_PREFIX + group_id.encode() + b"\x00"
