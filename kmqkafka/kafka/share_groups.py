@@ -365,7 +365,7 @@ class _ShareFetch:
                 t.PartitionData, partition_index=ref[1], error_code=code, error_message=None,
                 acknowledge_error_code=ack, acknowledge_error_message=None,
                 current_leader=leader,
-                records=b"".join(bytes(b) for b in batches) if batches else None,
+                records=b"".join(bytes(b) for b in batches) if batches else b"",
                 acquired_records=tuple(make(t.AcquiredRecords, first_offset=f, last_offset=l,
                                             delivery_count=n) for f, l, n in runs)))
         for ref, ack in self.acks.items():
@@ -373,7 +373,7 @@ class _ShareFetch:
                 by_topic.setdefault(ref[0], []).append(make(
                     t.PartitionData, partition_index=ref[1], error_code=ErrorCode.none,
                     error_message=None, acknowledge_error_code=ack,
-                    acknowledge_error_message=None, current_leader=leader, records=None,
+                    acknowledge_error_message=None, current_leader=leader, records=b"",
                     acquired_records=()))
         return make(self.ctx.response_type, throttle_time=NO_THROTTLE,
                     error_code=ErrorCode.none, error_message=None,
