@@ -30,7 +30,7 @@ import datetime
 from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, maybeDeferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -584,7 +584,18 @@ def group_ids(broker: Broker) -> list[str]:
     cg = _consumer_groups(broker)
     if cg is not None:
         ids += [g for g, _state in cg.list_groups()]
+    ids += [g for g, _state in _share_groups(broker)]
     return sorted(set(ids))
+
+
+def _share_groups(broker: Broker) -> list[tuple[str, str]]:
+    """``(group_id, state)`` of every KIP-932 share group this node serves."""
+    sc = broker.extras.get("share_groups")
+    if sc is None:
+        return []
+    if not sc.loaded:
+        sc.load()
+    return sc.list_groups()
 
 
 def list_groups(request: Any, ctx: RequestContext) -> Any:
@@ -605,6 +616,11 @@ def list_groups(request: Any, ctx: RequestContext) -> Any:
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type="consumer",
                         group_state=state, group_type="consumer"))
+    for group_id, state in _share_groups(ctx.broker):
+        if (states and state.lower() not in states) or (types and "share" not in types):
+            continue
+        out.append(make(t.ListedGroup, group_id=group_id, protocol_type="share",
+                        group_state=state, group_type="share"))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                 groups=tuple(out))
 
@@ -621,12 +637,27 @@ def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
         deleted = [g for g, code in consumer.items() if code is ErrorCode.none]
         if deleted:  # their offsets go through the classic coordinator's offset store
             c.groups.update({g: ClassicGroup(g) for g in deleted})
+    sc = ctx.broker.extras.get("share_groups")
+    share: dict[str, ErrorCode] = {}
+    share_written: list[Deferred] = []
+    if sc is not None:
+        if not sc.loaded:
+            sc.load()
+        for g in names:
+            if g in sc.groups and g not in consumer:
+                share[g], written = sc.delete_group(g)
+                share_written.append(written)
+    consumer.update(share)
+    if share_written:
+        consumer_written = gatherResults(
+            share_written + ([consumer_written] if consumer_written is not None else []),
+            consumeErrors=True)
     d = c.delete_groups([g for g in names if g not in consumer or
-                         consumer[g] is ErrorCode.none])
+                         (consumer[g] is ErrorCode.none and g not in share)])
     if consumer_written is not None:
         d.addCallback(lambda results: consumer_written.addCallback(lambda _: results))
     d.addCallback(lambda results: {**results, **{g: e for g, e in consumer.items()
-                                                  if e is not ErrorCode.none}})
+                                                  if e is not ErrorCode.none or g in share}})
     return d.addCallback(lambda results: make(
         ctx.response_type, throttle_time=NO_THROTTLE,
         results=tuple(make(t.DeletableGroupResult, group_id=g, error_code=results[g])
