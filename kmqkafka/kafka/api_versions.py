@@ -47,6 +47,8 @@ _LISTED_MIN = {PRODUCE_API_KEY: 0}
 METADATA_VERSION = "metadata.version"
 GROUP_VERSION = "group.version"
 CONSUMER_GROUP_HEARTBEAT_API_KEY = 68
+SHARE_VERSION = "share.version"
+SHARE_GROUP_HEARTBEAT_API_KEY = 76
 # Kafka's epoch is the metadata offset of the last feature change; here the features never
 # change while a node runs. It must be at least 0: Java clients keep finalized features only
 # from a response whose epoch is above the last they saw (initially -1).
@@ -66,8 +68,11 @@ class Feature:
 def features(dispatcher: Dispatcher) -> list[Feature]:
     """The features this broker supports, from what ``dispatcher`` serves."""
     served = [Feature(METADATA_VERSION, 7, 27, 27)]
-    if any(k == CONSUMER_GROUP_HEARTBEAT_API_KEY for k, _, _ in dispatcher.advertised()):
+    keys = {k for k, _, _ in dispatcher.advertised()}
+    if CONSUMER_GROUP_HEARTBEAT_API_KEY in keys:
         served.append(Feature(GROUP_VERSION, 0, 1, 1))
+    if SHARE_GROUP_HEARTBEAT_API_KEY in keys:  # KIP-932: share groups are on
+        served.append(Feature(SHARE_VERSION, 0, 1, 1))
     return served
 
 

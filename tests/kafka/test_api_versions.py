@@ -130,8 +130,9 @@ def test_generic_error_responses_encode_for_every_kio_response() -> None:
 
 
 def test_features_follow_what_is_served() -> None:
-    """group.version is reported (finalized at 1) only while ConsumerGroupHeartbeat is served;
-    metadata.version always; error answers carry none."""
+    """group.version is reported (finalized at 1) only while ConsumerGroupHeartbeat is served,
+    share.version only while ShareGroupHeartbeat is; metadata.version always; error answers
+    carry none."""
     d = Dispatcher()
     api_versions.register(d)
     bare = api_versions.build_response(d, 4, ErrorCode.none)
@@ -142,3 +143,7 @@ def test_features_follow_what_is_served() -> None:
         ("metadata.version", 7, 27), ("group.version", 0, 1)]
     assert [f.name for f in full.finalized_features] == ["metadata.version", "group.version"]
     assert api_versions.build_response(d, 4, ErrorCode.invalid_request).finalized_features == ()
+    d.register(76, noop, 1, 1)
+    shared = api_versions.build_response(d, 4, ErrorCode.none)
+    assert [f.name for f in shared.finalized_features] == [
+        "metadata.version", "group.version", "share.version"]
