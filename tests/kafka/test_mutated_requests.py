@@ -1,11 +1,14 @@
 """Real clients' requests, mutated, against a running daemon: each fails alone.
 
-``data/client_frames.hex`` holds 122 request frames (one per line, hex, length prefix
+``data/client_frames.hex`` holds 135 request frames (one per line, hex, length prefix
 included) that kafkajs 2.2.4, confluent-kafka 2.16 (librdkafka) and kafka-python 3.0.12 sent
 to kmqkafka while producing with every codec, consuming in classic and KIP-848 groups and
 running their admin calls, and (the last 29) while running transactions (commit, abort,
 offsets sent to a transaction, read_committed consumers), with DescribeTransactions v0 and
-ListTransactions v1 requests written by kio (client id "raw-test"): 63 API key/version pairs.
+ListTransactions v1 requests written by kio (client id "raw-test"), then 12 that a
+confluent-kafka ShareConsumer sent (KIP-932: ShareGroupHeartbeat, ShareFetch and
+ShareAcknowledge v1, with ACCEPT, RELEASE and REJECT acknowledgements) and a kio-written
+ShareGroupDescribe v1: 67 API key/version pairs.
 A logging TCP proxy between those clients and the daemon recorded them; a few frames per API
 key and version were kept. Each test frame is one of them with a few bytes changed, a length
 or count set to an extreme, a character of a name changed, a cut, or garbage appended, sent on
@@ -38,8 +41,8 @@ WAIT_S = 1.0  # how long a MAY_WAIT request is given before it counts as waiting
 # A request that may rightly stay unanswered for a second: a Produce mutated to acks=0, a
 # Fetch mutated to a long max_wait, a JoinGroup or SyncGroup waiting for its rebalance, a
 # CreateTopics or CreatePartitions mutated up to 256 partitions (creating that many took
-# 0.55 s here).
-MAY_WAIT = {0, 1, 11, 14, 19, 37}
+# 0.55 s here), a ShareFetch parked until its max_wait.
+MAY_WAIT = {0, 1, 11, 14, 19, 37, 78}
 
 
 def load_frames() -> list[bytes]:
