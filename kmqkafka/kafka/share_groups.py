@@ -39,6 +39,7 @@ log = Logger()
 
 SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
 DEFAULT_MAX_RECORDS = 500
+READ_CHUNK = 1 << 20  # bytes read from a partition at a time: max_records usually binds first
 
 
 def install(broker: Broker) -> ShareGroupCoordinator:
@@ -413,7 +414,7 @@ def _acquire_partition(store: Any, channel: str, sp: SharePartition, member: str
         n += sum(l - f + 1 for f, l, _c in got)
 
     def stored(from_offset: int, budget: int) -> list[tuple[int, int, memoryview, bool]]:
-        rr = store.read(channel, from_offset + 1, max(budget, 1), min_one=True)
+        rr = store.read(channel, from_offset + 1, max(min(budget, READ_CHUNK), 1), min_one=True)
         out = []
         for chunk in rr.batches:
             pos = 0
