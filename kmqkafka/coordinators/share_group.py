@@ -431,6 +431,38 @@ class ShareGroupCoordinator:
                 out[(topic, int(p))] = sp.start
         return out
 
+    def has_state(self, group_id: str, topic: str, p: int) -> bool:
+        return self.store.keyed_get(GROUPS_FAMILY, _key(group_id, topic, p)) is not None
+
+    def partitions_of(self, group_id: str) -> dict[str, tuple[int, ...]]:
+        """topic -> partitions the group has share-partition state for."""
+        out: dict[str, set[int]] = {}
+        for key, _v in self.store.keyed_items(GROUPS_FAMILY, _group_prefix(group_id)):
+            _g, topic, p = key[len(SHARE_KEY_PREFIX):].decode().rsplit("\x00", 2)
+            out.setdefault(topic, set()).add(int(p))
+        for g, topic, p in self.partitions:
+            if g == group_id:
+                out.setdefault(topic, set()).add(p)
+        return {t: tuple(sorted(ps)) for t, ps in out.items()}
+
+    def move_starts(self, group_id: str, starts: dict[tuple[str, int], int]) -> Deferred:
+        """AlterShareGroupOffsets: each share-partition starts afresh at its new offset."""
+        keys = []
+        for (topic, p), start in starts.items():
+            self.partitions[(group_id, topic, p)] = SharePartition(start)
+            keys.append((group_id, topic, p))
+        return self.save(keys)
+
+    def forget_group_topic(self, group_id: str, topic: str) -> Deferred:
+        """DeleteShareGroupOffsets: the group's share-partitions of ``topic`` go."""
+        for k in [k for k in self.partitions if k[0] == group_id and k[1] == topic]:
+            del self.partitions[k]
+        prefix = _group_prefix(group_id) + topic.encode() + b"\x00"
+        keys = tuple((key, None) for key, _v in self.store.keyed_items(GROUPS_FAMILY, prefix))
+        if not keys:
+            return succeed(None)
+        return self.store.propose(c.KeyedPut(GROUPS_FAMILY, keys, self.store.now_ms()))
+
     def delete_group(self, group_id: str) -> tuple[ErrorCode, Deferred]:
         group = self.groups.get(group_id)
         if group is None:
