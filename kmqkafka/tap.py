@@ -20,7 +20,8 @@ from kmqkafka.heap import keep_freed_memory, settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
-    metadata, offsets, placement, positions, produce, producers, quorum, share_groups, transactions,
+    metadata, offsets, placement, positions, produce, producers, quorum, share_groups,
+    share_offsets, transactions,
 )
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka import quotas
@@ -54,6 +55,7 @@ class Options(usage.Options):
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
     offsets, consumer_groups, quorum, placement, config_resources, transactions, share_groups,
+    share_offsets,
 )
 
 
