@@ -39,6 +39,7 @@ log = Logger()
 
 SHARE_GROUP_HEARTBEAT, SHARE_GROUP_DESCRIBE, SHARE_FETCH, SHARE_ACKNOWLEDGE = 76, 77, 78, 79
 DEFAULT_MAX_RECORDS = 500
+NEVER = 1 << 62  # a Sequence no channel reaches
 READ_CHUNK = 1 << 20  # bytes read from a partition at a time: max_records usually binds first
 
 
@@ -313,7 +314,10 @@ class _ShareFetch:
                 continue
             sp = self.c.partitions.get((self.group_id, topic.name, p))
             if sp is not None:
-                watches.append((channel_for(topic.name, p), sp.next + 1))
+                # A full window takes nothing new: only a release (or the time-out) may
+                # wake it, or data already there would wake it again at once, for ever.
+                beyond = sp.next + 1 if sp.room() > 0 else NEVER
+                watches.append((channel_for(topic.name, p), beyond))
         remaining = self.deadline - self.ctx.broker.reactor.seconds()
         self.wait = store.wait_any(watches, remaining)
         self.wait.addCallbacks(self._woke, self._wait_failed)
