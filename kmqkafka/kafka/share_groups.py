@@ -319,8 +319,13 @@ class _ShareFetch:
                 beyond = sp.next + 1 if sp.room() > 0 else NEVER
                 watches.append((channel_for(topic.name, p), beyond))
         remaining = self.deadline - self.ctx.broker.reactor.seconds()
-        self.wait = store.wait_any(watches, remaining)
-        self.wait.addCallbacks(self._woke, self._wait_failed)
+        wait = store.wait_any(watches, remaining)
+        if wait.called and watches:
+            # Data is there that this fetch could not take: only a release or the
+            # time-out can change that, so waking on data would spin.
+            wait = store.wait_any([(channel, NEVER) for channel, _ in watches], remaining)
+        self.wait = wait
+        wait.addCallbacks(self._woke, self._wait_failed)
         self.c.released.append(self._released)
 
     def _released(self) -> None:
