@@ -19,7 +19,13 @@ once that write is durable.
 
 Share sessions (ShareFetch/ShareAcknowledge) are per (group, member): epoch 0 opens one with
 the partitions named, later requests must carry the next epoch, -1 closes it and releases what
-the member still holds. Reactor thread only; time from the injected ``IReactorTime``.
+the member still holds. As in Kafka, a session belongs to the fetch connection, not to group
+membership: a member that leaves with a heartbeat (epoch -1) keeps its session for its final
+ShareAcknowledge or ShareFetch, which a closing client sends at the same time on another
+connection and which carries its last acknowledgements. Should that never come, the session
+is closed one lock duration later (Kafka closes it when the connection drops), by when every
+lock it held has run out anyway. A member whose session timeout ran out is gone: its session is
+closed at once. Reactor thread only; time from the injected ``IReactorTime``.
 """
 from __future__ import annotations
 
@@ -118,6 +124,7 @@ class ShareGroupCoordinator:
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self.loaded = False
         self._expiry: IDelayedCall | None = None
+        self._lingering: dict[tuple[str, str], IDelayedCall] = {}  # sessions of members gone
         self.released: list[Callable[[], None]] = []  # woken when records become available
 
     # --- life cycle -----------------------------------------------------------------------
@@ -139,6 +146,10 @@ class ShareGroupCoordinator:
         if self._expiry is not None and self._expiry.active():
             self._expiry.cancel()
         self._expiry = None
+        for timer in self._lingering.values():
+            if timer.active():
+                timer.cancel()
+        self._lingering.clear()
         self.groups.clear()
         self.partitions.clear()
         self.sessions.clear()
@@ -170,11 +181,11 @@ class ShareGroupCoordinator:
             return succeed(ShareResult(ErrorCode.invalid_request, "MemberId can't be empty."))
         group = self.groups.get(req.group_id)
         if group is None and self.other_group(req.group_id):
+            # Kafka's GroupIdNotFoundException for a group of another type.
             return succeed(ShareResult(
-                ErrorCode.inconsistent_group_protocol,
-                f"Group {req.group_id} is not a share group."))
+                ErrorCode.group_id_not_found, f"Group {req.group_id} is not a share group."))
         if req.member_epoch == -1:
-            self._leave(group, req.member_id)
+            self._leave(group, req.member_id, keep_session=True)
             return succeed(ShareResult(ErrorCode.none, None, req.member_id, -1,
                                        self.heartbeat_ms(req.group_id)))
         if group is None:
@@ -235,7 +246,10 @@ class ShareGroupCoordinator:
                      member=member_id)
             self._leave(group, member_id)
 
-    def _leave(self, group: ShareGroup | None, member_id: str) -> None:
+    def _leave(self, group: ShareGroup | None, member_id: str, keep_session: bool = False
+               ) -> None:
+        """``member_id`` is no longer a member. ``keep_session``: it left by heartbeat, and its
+        final ShareAcknowledge/ShareFetch may still be on its way (see the module docstring)."""
         if group is None:
             return
         member = group.members.pop(member_id, None)
@@ -243,8 +257,27 @@ class ShareGroupCoordinator:
             return
         if member.timer is not None and member.timer.active():
             member.timer.cancel()
-        self.close_session(group.group_id, member_id)
+        key = (group.group_id, member_id)
+        if keep_session and key in self.sessions:
+            self._cancel_linger(key)
+            self._lingering[key] = self.clock.callLater(
+                self.lock_ms(group.group_id) / 1000, self._linger_over, key,
+                self.sessions[key])
+        else:
+            self.close_session(group.group_id, member_id)
         self._reassign(group)
+
+    def _linger_over(self, key: tuple[str, str], session: ShareSession) -> None:
+        self._lingering.pop(key, None)
+        if self.sessions.get(key) is session:
+            self.close_session(*key).addErrback(lambda f: log.warn(
+                "saving share-partition state after a session closed failed: {error}",
+                error=f.getErrorMessage()))
+
+    def _cancel_linger(self, key: tuple[str, str]) -> None:
+        timer = self._lingering.pop(key, None)
+        if timer is not None and timer.active():
+            timer.cancel()
 
     def _reassign(self, group: ShareGroup) -> None:
         """Compute the simple assignment; bump the group epoch if it changed."""
@@ -391,6 +424,7 @@ class ShareGroupCoordinator:
     def close_session(self, group_id: str, member_id: str) -> Deferred:
         """Drop the member's session and release everything it holds in the group."""
         self.sessions.pop((group_id, member_id), None)
+        self._cancel_linger((group_id, member_id))
         changed = [k for k, sp in self.partitions.items()
                    if k[0] == group_id and sp.release_member(member_id)]
         if not changed:

@@ -108,7 +108,9 @@ def test_epochs_and_unknown_members_are_checked() -> None:
     assert beat(sc, "x", 3, None).error is E.unknown_member_id
     assert beat(sc, "a", 0, None).error is E.invalid_request  # a join must name its topics
     assert beat(sc, "", 0).error is E.invalid_request
-    assert beat(sc, "a", 0, group="classic").error is E.inconsistent_group_protocol
+    classic = beat(sc, "a", 0, group="classic")  # Kafka's GroupIdNotFoundException
+    assert (classic.error, classic.message) == (E.group_id_not_found,
+                                                "Group classic is not a share group.")
 
 
 def test_leaving_and_timing_out_hand_partitions_back() -> None:
@@ -168,6 +170,38 @@ def test_closing_a_session_and_lock_expiry_release_records() -> None:
     sc.close_session("g", "a")
     assert store.puts == puts + 1  # the release is made durable
     assert sp.records[2].state == AVAILABLE and sp.start == 2
+
+
+def test_a_member_that_leaves_keeps_its_session_for_its_final_acknowledgement() -> None:
+    """A closing client sends its leave heartbeat and its final ShareAcknowledge at once, on
+    two connections: the leave must not close the session and release records before the
+    acknowledgements arrive. A session whose final request never comes closes one lock
+    duration later; a member that timed out loses its session at once."""
+    sc, clock, _store, _configs = setup(t=1)
+    beat(sc, "a")
+    sp = sc.partition("g", "t", 0)
+    sc.session("g", "a", 0)
+    sp.acquire(0, 4, "a", 10**9)
+    beat(sc, "a", -1)
+    assert "a" not in sc.groups["g"].members and sp.acquired_by("a") == [0, 1, 2, 3, 4]
+    assert sc.session("g", "a", -1)[1] is E.none  # the final request finds it
+    sp.acknowledge("a", 0, 4, [ACK_ACCEPT])
+    sc.close_session("g", "a")
+    assert sp.start == 5 and not sc._lingering
+    beat(sc, "b")
+    sc.session("g", "b", 0)
+    sp.acquire(5, 6, "b", 10**9)
+    beat(sc, "b", -1)
+    clock.advance(29.9)
+    assert sp.acquired_by("b") == [5, 6]
+    clock.advance(0.2)  # share.record.lock.duration.ms: the final request never came
+    assert sp.available_runs() == [(5, 6)] and ("g", "b") not in sc.sessions
+    beat(sc, "c")
+    sc.session("g", "c", 0)
+    sp.acquire(5, 6, "c", 10**9)
+    clock.advance(45.1)  # c's session timeout
+    assert "c" not in sc.groups["g"].members and sp.available_runs() == [(5, 6)]
+    assert ("g", "c") not in sc.sessions
 
 
 def test_deleting_a_group() -> None:
