@@ -339,6 +339,11 @@ class _ShareFetch:
         if self.deferred is None or self.deferred.called:
             return
         try:
+            if self.c.sessions.get((self.group_id, self.member_id)) is not self.session:
+                # The session closed while this fetch waited (its member's final request):
+                # nothing may be acquired for it any more.
+                self.deferred.callback(self.respond([]))
+                return
             got = self._acquire()
             if any(r[2] for r in got) or not ready or self._done():
                 self.deferred.callback(self.respond(got))
