@@ -103,3 +103,39 @@ def test_a_full_window_waits_for_releases(broker: BrokerProcess) -> None:
         assert answer and time.monotonic() - start < 5.0
         again = acquired(answer[0])
         assert again and again[0][0] == 0 and again[0][2] == 2  # redelivered, second time
+
+
+def test_a_fetch_parked_when_its_session_closed_takes_nothing(broker: BrokerProcess) -> None:
+    """librdkafka closes a share consumer with its final ShareAcknowledge (epoch -1) on one
+    connection while a ShareFetch may still be parked on another: records arriving after the
+    close must not be locked for the closed session, or they wait out a lock duration."""
+    topic, group = f"cls-{uuid.uuid4().hex[:6]}", f"cg-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    with RawClient(broker.kafka_port) as raw:
+        meta = raw.call(MetadataRequest(topics=(MetadataRequestTopic(topic_id=None,
+                                                                     name=topic),),
+                                        allow_auto_topic_creation=False,
+                                        include_topic_authorized_operations=False))
+    topic_id = meta.topics[0].topic_id
+    with RawClient(broker.kafka_port) as a, RawClient(broker.kafka_port) as a2, \
+            RawClient(broker.kafka_port) as b:
+        join(a, group, "member-a", topic)
+        assert acquired(share_fetch(a, group, "member-a", topic_id, 0, 0, 500)) == []
+        parked: list[object] = []
+        waiter = threading.Thread(target=lambda: parked.append(
+            share_fetch(a, group, "member-a", topic_id, 1, 8_000, 500)))
+        waiter.start()
+        time.sleep(0.3)
+        closed = a2.call(ShareAcknowledgeRequest(group_id=group, member_id="member-a",
+                                                 share_session_epoch=-1, topics=()))
+        assert closed.error_code is E.none
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        for i in range(5):
+            p.produce(topic, b"late%d" % i)
+        assert p.flush(30) == 0
+        waiter.join(15)
+        assert parked and acquired(parked[0]) == []
+        join(b, group, "member-b", topic)
+        got = acquired(share_fetch(b, group, "member-b", topic_id, 0, 3_000, 500))
+        assert got == [(0, 4, 1)]
