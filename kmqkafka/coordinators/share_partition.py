@@ -108,11 +108,15 @@ class SharePartition:
             rec = self.records.get(offset)
             if rec is not None and rec.state == AVAILABLE:
                 take(offset, rec)
-        if last >= self.next:
-            for offset in range(max(first, self.next), last + 1):
-                rec = InFlight(AVAILABLE)
-                self.records[offset] = rec
-                take(offset, rec)
+        if last >= self.next:  # never handed out: the common case, kept cheap
+            low = max(first, self.next)
+            records = self.records
+            for offset in range(low, last + 1):
+                records[offset] = InFlight(ACQUIRED, 1, member, deadline_ms)
+            if out and out[-1][1] == low - 1 and out[-1][2] == 1:
+                out[-1] = (out[-1][0], last, 1)
+            else:
+                out.append((low, last, 1))
             self.next = last + 1
         return out
 
@@ -163,13 +167,19 @@ class SharePartition:
         if any(k not in (ACK_GAP, ACK_ACCEPT, ACK_RELEASE, ACK_REJECT, ACK_RENEW)
                for k in kinds):
             raise AckError("unknown acknowledge type", True)
-        for offset in range(first, last + 1):
-            rec = self.records.get(offset)
+        get = self.records.get
+        held = [get(offset) for offset in range(first, last + 1)]
+        for offset, rec in zip(range(first, last + 1), held):
             if rec is None or rec.state != ACQUIRED or rec.member != member:
                 raise AckError(f"offset {offset} is not acquired by this member")
-        for i, offset in enumerate(range(first, last + 1)):
+        if kinds == [ACK_ACCEPT]:  # the common case
+            for rec in held:
+                rec.state = ACKNOWLEDGED  # type: ignore[union-attr]
+            self._advance()
+            return
+        for i, rec in enumerate(held):
+            assert rec is not None
             kind = kinds[0] if len(kinds) == 1 else kinds[i]
-            rec = self.records[offset]
             if kind == ACK_ACCEPT:
                 rec.state = ACKNOWLEDGED
             elif kind in (ACK_REJECT, ACK_GAP):
