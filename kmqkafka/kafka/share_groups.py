@@ -260,6 +260,8 @@ class _ShareFetch:
         self.full = int(request.share_session_epoch) == 0
 
     def start(self) -> Any:
+        if not _serving(self.ctx):
+            return self._not_leader()
         got = self._acquire()
         if any(r[2] for r in got) or self._done():
             return self.respond(got)
@@ -339,6 +341,11 @@ class _ShareFetch:
         if self.deferred is None or self.deferred.called:
             return
         try:
+            if not _serving(self.ctx):
+                # This node stopped leading while the fetch waited (a stalled leader woken
+                # by the new leader's log): it may acquire nothing, the client looks again.
+                self.deferred.callback(self._not_leader())
+                return
             if self.c.sessions.get((self.group_id, self.member_id)) is not self.session:
                 # The session closed while this fetch waited (its member's final request):
                 # nothing may be acquired for it any more.
@@ -364,6 +371,12 @@ class _ShareFetch:
         """The connection went while parked: nothing was acquired for this request."""
         if self.wait is not None and not self.wait.called:
             self.wait.cancel()
+
+    def _not_leader(self) -> Any:
+        """NOT_LEADER_OR_FOLLOWER for every partition of the session (Kafka's answer once
+        leadership moved), naming the leader when one is known."""
+        return self.respond([((uuid.UUID(tid), p), ErrorCode.not_leader_or_follower, [], [])
+                             for tid, p in self.session.partitions])
 
     def respond(self, got: list) -> Any:
         t = types_of(self.ctx)
@@ -484,8 +497,16 @@ def _acquire_partition(store: Any, channel: str, sp: SharePartition, member: str
     return batches, runs, nbytes, n
 
 
+def _serving(ctx: RequestContext) -> bool:
+    """Whether this node still coordinates (and leads every partition): checked again when
+    a parked ShareFetch wakes, as leadership may have moved meanwhile."""
+    coordination = ctx.broker.extras.get("coordination")
+    return coordination is None or coordination.serving()
+
+
 def _leader(ctx: RequestContext, t: Any) -> Any:
-    return make(t.LeaderIdAndEpoch, leader_id=identity.node_id(ctx.broker),
+    leader = identity.leader(ctx.broker)
+    return make(t.LeaderIdAndEpoch, leader_id=-1 if leader is None else leader,
                 leader_epoch=identity.leader_epoch(ctx.broker))
 
 
