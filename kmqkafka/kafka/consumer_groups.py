@@ -89,6 +89,10 @@ def heartbeat(request: Any, ctx: RequestContext) -> Deferred:
         server_assignor=request.server_assignor, owned=owned,
         client_id=ctx.client_id or "", client_host=f"/{host}" if host else "",
         client_generates_id=ctx.api_version >= 1)
+    if request.group_id in dict(groups.share_group_states(ctx.broker)):
+        return _heartbeat_response(HeartbeatResult(
+            ErrorCode.group_id_not_found, f"Group {request.group_id} is not a consumer group.",
+            request.member_id, -1, 0, None), ctx)
     return coordinator(ctx.broker).heartbeat(req).addCallback(_heartbeat_response, ctx)
 
 

@@ -449,6 +449,10 @@ def join_group(request: Any, ctx: RequestContext) -> Deferred | Any:
         client_id=ctx.client_id or "", client_host=_client_host(ctx),
         require_known_member_id=ctx.api_version >= 4,
         supports_skip_assignment=ctx.api_version >= 9)
+    if request.group_id in dict(share_group_states(ctx.broker)):
+        # A share group takes no classic members (as Kafka refuses a consumer group's).
+        return _join_response(JoinResult(ErrorCode.inconsistent_group_protocol,
+                                         request.member_id), ctx)
     d = coordinator(ctx.broker).join(req)
     return d.addCallback(_join_response, ctx)
 
@@ -584,11 +588,11 @@ def group_ids(broker: Broker) -> list[str]:
     cg = _consumer_groups(broker)
     if cg is not None:
         ids += [g for g, _state in cg.list_groups()]
-    ids += [g for g, _state in _share_groups(broker)]
+    ids += [g for g, _state in share_group_states(broker)]
     return sorted(set(ids))
 
 
-def _share_groups(broker: Broker) -> list[tuple[str, str]]:
+def share_group_states(broker: Broker) -> list[tuple[str, str]]:
     """``(group_id, state)`` of every KIP-932 share group this node serves."""
     sc = broker.extras.get("share_groups")
     if sc is None:
@@ -616,7 +620,7 @@ def list_groups(request: Any, ctx: RequestContext) -> Any:
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type="consumer",
                         group_state=state, group_type="consumer"))
-    for group_id, state in _share_groups(ctx.broker):
+    for group_id, state in share_group_states(ctx.broker):
         if (states and state.lower() not in states) or (types and "share" not in types):
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type="share",

@@ -574,6 +574,36 @@ def test_a_classic_consumer_groups_id_is_not_a_share_group(shared: BrokerProcess
         plain.close()
 
 
+def test_a_share_groups_id_takes_no_consumer_group_member(shared: BrokerProcess):
+    """The other way round: a classic JoinGroup for a share group's id gets
+    INCONSISTENT_GROUP_PROTOCOL and a KIP-848 heartbeat GROUP_ID_NOT_FOUND, and the share
+    group carries on."""
+    bs, topic, group = shared.bootstrap, unique("sharedid"), unique("sg")
+    create(bs, topic)
+    sc = share_consumer(bs, group, topic)
+    try:
+        sc.poll(1.0)  # joined
+        seen: dict[str, str] = {}
+        for protocol in ("classic", "consumer"):
+            c = Consumer({"bootstrap.servers": bs, "group.id": group,
+                          "group.protocol": protocol})
+            try:
+                c.subscribe([topic])
+                deadline = time.monotonic() + 10
+                while protocol not in seen and time.monotonic() < deadline:
+                    m = c.poll(0.2)
+                    if m is not None and m.error() is not None:
+                        seen[protocol] = m.error().str()
+            finally:
+                c.close()
+        assert "Inconsistent group protocol" in seen["classic"], seen
+        assert "group id does not exist" in seen["consumer"], seen
+        produce(bs, topic, "after", 3)
+        assert sorted(g.value for g in drain(sc, 3)) == [b"after-0", b"after-1", b"after-2"]
+    finally:
+        closing(sc)
+
+
 def _ms(n: int) -> Any:
     import datetime
 
