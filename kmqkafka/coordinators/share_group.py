@@ -30,20 +30,23 @@ closed at once. Reactor thread only; time from the injected ``IReactorTime``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from kio.schema.errors import ErrorCode
+from prometheus_client.core import GaugeMetricFamily
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from kmqkafka.coordinators.group import FOREIGN_KEY_PREFIX, GROUPS_FAMILY
-from kmqkafka.coordinators.share_partition import SharePartition
+from kmqkafka.coordinators.share_partition import (
+    ACKNOWLEDGED, ACQUIRED, ARCHIVED, SharePartition,
+)
 from kmqkafka.store import commands as c
 from kmqkafka.store.names import channel_for
 
-__all__ = ["ShareGroupCoordinator", "ShareHeartbeat", "ShareResult", "ShareSession",
-           "SHARE_KEY_PREFIX"]
+__all__ = ["ShareGroupCoordinator", "ShareHeartbeat", "ShareLagCollector", "ShareResult",
+           "ShareSession", "SHARE_KEY_PREFIX"]
 
 log = Logger()
 
@@ -465,6 +468,27 @@ class ShareGroupCoordinator:
                 out[(topic, int(p))] = sp.start
         return out
 
+    def start_and_lag(self, group_id: str, topic: str, p: int) -> tuple[int, int]:
+        """(start offset, lag) of one share-partition: the lag counts the offsets from the
+        start to the high watermark that are not done yet. (-1, -1) if the group never read
+        the partition."""
+        if (group_id, topic, p) not in self.partitions and not self.has_state(group_id, topic, p):
+            return -1, -1
+        sp = self.partition(group_id, topic, p)
+        if sp is None:
+            return -1, -1
+        end = self.store.bounds(channel_for(topic, p)).high_watermark - 1
+        done = sum(1 for r in sp.records.values() if r.state in (ACKNOWLEDGED, ARCHIVED))
+        return sp.start, max(0, end - sp.start - done)
+
+    def all_partitions(self) -> list[PartitionKey]:
+        """Every share-partition with state, loaded or only stored."""
+        keys = set(self.partitions)
+        for key, _v in self.store.keyed_items(GROUPS_FAMILY, SHARE_KEY_PREFIX):
+            g, topic, p = key[len(SHARE_KEY_PREFIX):].decode().rsplit("\x00", 2)
+            keys.add((g, topic, int(p)))
+        return sorted(keys)
+
     def has_state(self, group_id: str, topic: str, p: int) -> bool:
         return self.store.keyed_get(GROUPS_FAMILY, _key(group_id, topic, p)) is not None
 
@@ -520,3 +544,44 @@ def _key(group_id: str, topic: str, p: int) -> bytes:
 
 def _group_prefix(group_id: str) -> bytes:
     return SHARE_KEY_PREFIX + group_id.encode() + b"\x00"
+
+
+class ShareLagCollector:
+    """Prometheus collector: ``kmqkafka_share_group_lag{group,topic,partition}`` (records from
+    a share-partition's start offset to the high watermark not yet done) and
+    ``kmqkafka_share_group_records_acquired{group,topic,partition}`` (records locked to a
+    member now). ``coordinator()`` returns the loaded coordinator, or None while this node
+    does not serve groups or the store has not recovered."""
+
+    def __init__(self, coordinator: Callable[[], "ShareGroupCoordinator | None"]) -> None:
+        self._coordinator = coordinator
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        labels = ["group", "topic", "partition"]
+        return (GaugeMetricFamily("kmqkafka_share_group_lag",
+                                  "Records of a share-partition from its start offset to the "
+                                  "high watermark not yet acknowledged or archived",
+                                  labels=labels),
+                GaugeMetricFamily("kmqkafka_share_group_records_acquired",
+                                  "Records of a share-partition locked to a member now",
+                                  labels=labels))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        lag, acquired = self._families()
+        c = self._coordinator()
+        if c is not None:
+            for group_id, topic, p in c.all_partitions():
+                if not c.store.exists(channel_for(topic, p)):
+                    continue
+                _start, behind = c.start_and_lag(group_id, topic, p)
+                sp = c.partitions.get((group_id, topic, p))
+                held = 0 if sp is None else sum(1 for r in sp.records.values()
+                                                if r.state == ACQUIRED)
+                lag.add_metric([group_id, topic, str(p)], behind)
+                acquired.add_metric([group_id, topic, str(p)], held)
+        yield lag
+        yield acquired

@@ -25,7 +25,9 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.logger import Logger
 
 from kmqkafka import records as rec
-from kmqkafka.coordinators.share_group import ShareGroupCoordinator, ShareHeartbeat, ShareResult
+from kmqkafka.coordinators.share_group import (
+    ShareGroupCoordinator, ShareHeartbeat, ShareLagCollector, ShareResult,
+)
 from kmqkafka.coordinators.share_partition import AckError, SharePartition
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import groups, identity
@@ -62,6 +64,17 @@ def install(broker: Broker) -> ShareGroupCoordinator:
     coordinator = ShareGroupCoordinator(broker.reactor, broker.store, broker.extras["topics"],
                                         configs, other_group=other_group)
     broker.extras["share_groups"] = coordinator
+
+    def serving() -> ShareGroupCoordinator | None:
+        coordination = broker.extras.get("coordination")
+        if not getattr(broker.store, "started", False) or (
+                coordination is not None and not coordination.serving()):
+            return None
+        if not coordinator.loaded:
+            coordinator.load()
+        return coordinator
+
+    broker.metrics.registry.register(ShareLagCollector(serving))
     broker.extras["topics"].on_deleted(
         lambda topic: coordinator.forget_topic(topic.name) if coordinator.loaded else None)
     return coordinator

@@ -15,28 +15,13 @@ from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, succeed
 
 from kmqkafka.coordinators.share_group import ShareGroupCoordinator
-from kmqkafka.coordinators.share_partition import ACKNOWLEDGED, ARCHIVED
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import groups
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.share_groups import coordinator
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
-from kmqkafka.store.names import channel_for
 
 DESCRIBE_OFFSETS, ALTER_OFFSETS, DELETE_OFFSETS = 90, 91, 92
-
-
-def _lag(ctx: RequestContext, c: ShareGroupCoordinator, group_id: str, topic: str,
-         p: int) -> tuple[int, int]:
-    """(start offset, lag) of one share-partition, (-1, -1) if the group never read it."""
-    if (group_id, topic, p) not in c.partitions and not c.has_state(group_id, topic, p):
-        return -1, -1
-    sp = c.partition(group_id, topic, p)
-    if sp is None:
-        return -1, -1
-    end = ctx.broker.store.bounds(channel_for(topic, p)).high_watermark - 1
-    done = sum(1 for r in sp.records.values() if r.state in (ACKNOWLEDGED, ARCHIVED))
-    return sp.start, max(0, end - sp.start - done)
 
 
 def describe_offsets(request: Any, ctx: RequestContext) -> Any:
@@ -61,7 +46,7 @@ def describe_offsets(request: Any, ctx: RequestContext) -> Any:
                     code, start, lag = ErrorCode.unknown_topic_or_partition, -1, -1
                 else:
                     code = ErrorCode.none
-                    start, lag = _lag(ctx, c, g.group_id, name, p)
+                    start, lag = c.start_and_lag(g.group_id, name, p)
                 fields: dict[str, Any] = dict(partition_index=p, start_offset=start,
                                               leader_epoch=-1, error_code=code,
                                               error_message=None)

@@ -1,14 +1,14 @@
 """Share-group offset admin (DescribeShareGroupOffsets, AlterShareGroupOffsets,
 DeleteShareGroupOffsets) against a share group that a real confluent-kafka ShareConsumer
 read: the start offsets and lag it reports, refusals while the group has members, and a
-consumer reading again from where Alter moved the group."""
+consumer reading again from where Alter moved the group; ``/metrics`` shows the same lag."""
 from __future__ import annotations
 
 import time
 import uuid
 
 import pytest
-from conftest import BrokerProcess
+from conftest import BrokerProcess, http_get
 from kio.schema.alter_share_group_offsets.v0.request import (
     AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsRequestPartition,
     AlterShareGroupOffsetsRequestTopic,
@@ -92,6 +92,11 @@ def test_describe_alter_and_delete_share_group_offsets(broker: BrokerProcess) ->
     assert alter(port, group, topic, {0: 4, 7: 0}) == (E.none, [E.none,
                                                                 E.unknown_topic_or_partition])
     assert describe(port, group)["rows"][(topic, 0)] == (4, 6, E.none)
+    metrics = http_get(broker.http_port, "/metrics").decode()
+    for p_, lag in ((0, 6), (1, 0)):
+        line = (f'kmqkafka_share_group_lag{{group="{group}",partition="{p_}",'
+                f'topic="{topic}"}} {float(lag)}')
+        assert line in metrics, [m for m in metrics.splitlines() if "share_group" in m]
     c, again = consume(broker.bootstrap, group, topic, 6)
     assert sorted(again) == [(0, o) for o in range(4, 10)]  # from where Alter put it
     c.commit_sync()
