@@ -422,7 +422,8 @@ class _ShareFetch:
                     responses=tuple(make(t.ShareFetchableTopicResponse, topic_id=tid,
                                          partitions=tuple(ps))
                                     for tid, ps in by_topic.items()),
-                    node_endpoints=_endpoints(self.ctx, t))
+                    node_endpoints=_endpoints(self.ctx, t, any(
+                        r[1] is ErrorCode.not_leader_or_follower for r in got)))
 
 
 def _acquire_partition(store: Any, channel: str, sp: SharePartition, member: str,
@@ -523,8 +524,14 @@ def _leader(ctx: RequestContext, t: Any) -> Any:
                 leader_epoch=identity.leader_epoch(ctx.broker))
 
 
-def _endpoints(ctx: RequestContext, t: Any) -> tuple:
-    return ()
+def _endpoints(ctx: RequestContext, t: Any, moved: bool) -> tuple:
+    """Kafka's NodeEndpoints: where the leader named in a NOT_LEADER_OR_FOLLOWER answer is
+    reached, so the client need not ask Metadata first."""
+    leader = identity.leader(ctx.broker) if moved else None
+    where = None if leader is None else identity.endpoint(ctx.broker, leader, ctx.listener)
+    if where is None:
+        return ()
+    return (make(t.NodeEndpoint, node_id=leader, host=where[0], port=where[1], rack=None),)
 
 
 # --- ShareAcknowledge -------------------------------------------------------------------

@@ -487,6 +487,9 @@ def test_a_fetch_parked_on_a_stalled_leader_takes_nothing_once_another_leads(
     assert part.acquired_records == (), part
     assert part.error_code == E.not_leader_or_follower, part
     assert part.current_leader.leader_id in (new_leader, -1), part
+    if part.current_leader.leader_id == new_leader:  # where the client finds it (Kafka's)
+        assert [(e.node_id, e.port) for e in r.node_endpoints] == [
+            (new_leader, cluster.kafka_ports[new_leader])], r
 
     c = share_consumer(cluster.bootstrap(follower), group, topic)
     counts: dict[Record, int] = {}
