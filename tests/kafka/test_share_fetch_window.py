@@ -1,7 +1,8 @@
-"""ShareFetch at a full in-flight window, with raw requests: one member holds every lock the
-share-partition allows (2,000 records), so another member's ShareFetch takes nothing and waits
-out its max_wait (it must neither spin nor answer at once), and gets the records as soon as
-the first member releases them."""
+"""ShareFetch edge cases with raw requests. A full in-flight window: one member holds every
+lock the share-partition allows (2,000 records), so another member's ShareFetch takes nothing
+and waits out its max_wait (it must neither spin nor answer at once), and gets the records as
+soon as the first member releases them. A closed session: a ShareFetch parked when its
+member's final ShareAcknowledge closed the session takes nothing when data arrives."""
 from __future__ import annotations
 
 import datetime
