@@ -90,10 +90,10 @@ def heartbeat(request: Any, ctx: RequestContext) -> Deferred:
         client_id=ctx.client_id or "", client_host=f"/{host}" if host else "",
         client_generates_id=ctx.api_version >= 1)
     if request.group_id in dict(groups.share_group_states(ctx.broker)):
-        return _heartbeat_response(HeartbeatResult(
+        return heartbeat_response(HeartbeatResult(
             ErrorCode.group_id_not_found, f"Group {request.group_id} is not a consumer group.",
             request.member_id, -1, 0, None), ctx)
-    return coordinator(ctx.broker).heartbeat(req).addCallback(_heartbeat_response, ctx)
+    return coordinator(ctx.broker).heartbeat(req).addCallback(heartbeat_response, ctx)
 
 
 def _topic_partitions(cls: type, a: Assignment) -> tuple[Any, ...]:
@@ -101,7 +101,9 @@ def _topic_partitions(cls: type, a: Assignment) -> tuple[Any, ...]:
                  for t, ps in sorted(a.items()) if ps)
 
 
-def _heartbeat_response(result: HeartbeatResult, ctx: RequestContext) -> Any:
+def heartbeat_response(result: HeartbeatResult, ctx: RequestContext) -> Any:
+    """The heartbeat answer of a KIP-848 group (or a share group: the same fields, its
+    assignment keyed by topic id too)."""
     t = types_of(ctx)
     assignment = None
     if result.assignment is not None:
@@ -164,11 +166,11 @@ def describe(request: Any, ctx: RequestContext) -> Any:
 
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(CONSUMER_GROUP_HEARTBEAT, groups.coordinated(heartbeat), 0, 1)
-    dispatcher.register(CONSUMER_GROUP_DESCRIBE, groups.coordinated(describe, _describe_error),
+    dispatcher.register(CONSUMER_GROUP_DESCRIBE, groups.coordinated(describe, describe_error),
                         0, 1)
 
 
-def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
+def describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
     t = types_of(ctx)
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
         make(t.DescribedGroup, error_code=code, error_message=None, group_id=g,
@@ -177,4 +179,4 @@ def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
         for g in request.group_ids))
 
 
-__all__ = ["coordinator", "install", "register"]
+__all__ = ["coordinator", "describe_error", "heartbeat_response", "install", "register"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+from dataclasses import replace
 from typing import Any, Hashable
 
 from kio.schema.errors import ErrorCode
@@ -30,7 +31,7 @@ from kmqkafka.coordinators.share_group import (
 )
 from kmqkafka.coordinators.share_partition import AckError, SharePartition
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import groups, identity
+from kmqkafka.kafka import consumer_groups, groups, identity
 from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.group_configs import GroupConfigs
@@ -102,22 +103,16 @@ def heartbeat(request: Any, ctx: RequestContext) -> Deferred:
 
 
 def _heartbeat_response(result: ShareResult, ctx: RequestContext) -> Any:
-    t = types_of(ctx)
-    assignment = None
+    """The coordinator assigns by topic name; the wire carries topic ids."""
     if result.assignment is not None:
         catalog = ctx.broker.extras["topics"]
-        parts = []
-        for name, ps in sorted(result.assignment.items()):
+        by_id = {}
+        for name, ps in result.assignment.items():
             topic = catalog.get(name)
             if topic is not None and ps:
-                parts.append(make(t.TopicPartitions, topic_id=topic.topic_id,
-                                  partitions=tuple(ps)))
-        assignment = make(t.Assignment, topic_partitions=tuple(parts))
-    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=result.error,
-                error_message=result.message, member_id=result.member_id,
-                member_epoch=result.member_epoch,
-                heartbeat_interval=datetime.timedelta(milliseconds=result.heartbeat_interval_ms),
-                assignment=assignment)
+                by_id[str(topic.topic_id)] = frozenset(ps)
+        result = replace(result, assignment=by_id)
+    return consumer_groups.heartbeat_response(result, ctx)
 
 
 # --- ShareGroupDescribe -----------------------------------------------------------------
@@ -156,15 +151,6 @@ def describe(request: Any, ctx: RequestContext) -> Any:
                         assignment_epoch=group.assignment_epoch, assignor_name="simple",
                         members=tuple(members), authorized_operations=ops))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
-
-
-def _describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
-    t = types_of(ctx)
-    return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(
-        make(t.DescribedGroup, error_code=code, error_message=None, group_id=g,
-             group_state="", group_epoch=-1, assignment_epoch=-1, assignor_name="",
-             members=(), authorized_operations=NOT_REQUESTED)
-        for g in request.group_ids))
 
 
 # --- acknowledgements (ShareFetch and ShareAcknowledge) -----------------------------------
@@ -588,7 +574,7 @@ def _fetch_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
 
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(SHARE_GROUP_HEARTBEAT, groups.coordinated(heartbeat), 1, 1)
-    dispatcher.register(SHARE_GROUP_DESCRIBE, groups.coordinated(describe, _describe_error),
+    dispatcher.register(SHARE_GROUP_DESCRIBE, groups.coordinated(describe, consumer_groups.describe_error),
                         1, 1)
     dispatcher.register(SHARE_FETCH, groups.coordinated(share_fetch, _fetch_error), 1, 1,
                         wait_only=True)
