@@ -76,8 +76,7 @@ def alter_offsets(request: Any, ctx: RequestContext) -> Any:
     catalog = ctx.broker.extras["topics"]
     top = _empty_group_error(c, request.group_id)
     if top is not None:
-        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=top,
-                    error_message=None, responses=())
+        return _top_error(request, ctx, top)
     out = []
     moves: dict[tuple[str, int], int] = {}
     for tp in request.topics:
@@ -109,8 +108,7 @@ def delete_offsets(request: Any, ctx: RequestContext) -> Any:
     catalog = ctx.broker.extras["topics"]
     top = _empty_group_error(c, request.group_id)
     if top is not None:
-        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=top,
-                    error_message=None, responses=())
+        return _top_error(request, ctx, top)
     out = []
     writes: list[Deferred] = []
     for tp in request.topics:
