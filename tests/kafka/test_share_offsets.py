@@ -25,7 +25,9 @@ from rawkafka import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Producer, ShareConsumer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic, ResourceType,
+)
 
 
 def consume(bootstrap: str, group: str, topic: str, want: int, timeout: float = 20.0
@@ -68,9 +70,13 @@ def test_describe_alter_and_delete_share_group_offsets(broker: BrokerProcess) ->
     port = broker.kafka_port
     assert describe(port, group)["error"] is E.group_id_not_found
 
-    # The group joins at the log end (share.auto.offset.reset=latest), then 10 records arrive
-    # in each partition and are accepted.
-    c, got = consume(broker.bootstrap, group, topic, 0, timeout=2.0)
+    # 10 records in each partition, read from the start and accepted.
+    entry = ConfigEntry("share.auto.offset.reset", "earliest",
+                        incremental_operation=AlterConfigOpType.SET)
+    for f in admin.incremental_alter_configs(
+            [ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])]).values():
+        f.result(30)
+    c, got = consume(broker.bootstrap, group, topic, 0, timeout=0)
     p = Producer({"bootstrap.servers": broker.bootstrap})
     for i in range(20):
         p.produce(topic, b"x", partition=i % 2)

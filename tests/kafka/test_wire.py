@@ -378,8 +378,9 @@ def test_api_versions_v3_over_socket(broker: BrokerProcess) -> None:
 
 
 def test_api_versions_reports_kafka_4_1_features(broker: BrokerProcess) -> None:
-    """KIP-584 features, as a Kafka 4.1 broker reports them: metadata.version 4.1-IV1 (27) and
-    group.version 1 (KIP-848) finalized, epoch at least 0; a v3 answer leaves out the supported
+    """KIP-584 features, as a Kafka 4.1 broker reports them: metadata.version 4.1-IV1 (27),
+    group.version 1 (KIP-848) and share.version 1 (KIP-932) finalized, epoch at least 0; a v3
+    answer leaves out the supported
     features whose minimum is 0 (KAFKA-17011) but lists the same finalized ones."""
     from kafka import KafkaAdminClient
 
@@ -389,6 +390,7 @@ def test_api_versions_reports_kafka_4_1_features(broker: BrokerProcess) -> None:
             "metadata.version": {"supported": (7, 27), "finalized": (27, 27),
                                  "finalized_epoch": 0},
             "group.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 0},
+            "share.version": {"supported": (0, 1), "finalized": (1, 1), "finalized_epoch": 0},
         }
     finally:
         admin.close()
@@ -399,7 +401,8 @@ def test_api_versions_reports_kafka_4_1_features(broker: BrokerProcess) -> None:
         ("metadata.version", 7, 27)]
     assert [(f.name, f.min_version_level, f.max_version_level)
             for f in body.finalized_features] == [("metadata.version", 27, 27),
-                                                  ("group.version", 1, 1)]
+                                                  ("group.version", 1, 1),
+                                                  ("share.version", 1, 1)]
     assert body.finalized_features_epoch == 0
 
 
