@@ -13,8 +13,8 @@ Members are kept in memory only (after a restart or leader change a member's hea
 UNKNOWN_MEMBER_ID and it joins again, as Kafka's clients do); the share-partition state is
 durable, one record per partition in the ``groups`` family under
 ``SHARE_KEY_PREFIX + group "\\0" topic "\\0" partition``. A partition is initialised when it is
-first assigned, at the log end or the log start as ``share.auto.offset.reset`` says (latest by
-default), and written again after every acknowledgement and every release, which answer only
+first assigned, at the log end, the log start or the first record at most a given age old, as
+``share.auto.offset.reset`` says (latest by default), and written again after every acknowledgement and every release, which answer only
 once that write is durable.
 
 Share sessions (ShareFetch/ShareAcknowledge) are per (group, member): epoch 0 opens one with
@@ -29,6 +29,7 @@ closed at once. Reactor thread only; time from the injected ``IReactorTime``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -40,13 +41,14 @@ from twisted.logger import Logger
 
 from kmqkafka.coordinators.group import FOREIGN_KEY_PREFIX, GROUPS_FAMILY
 from kmqkafka.coordinators.share_partition import (
-    ACKNOWLEDGED, ACQUIRED, ARCHIVED, SharePartition,
+    ACKNOWLEDGED, ACQUIRED, ARCHIVED, DEFAULT_DELIVERY_LIMIT, DEFAULT_MAX_IN_FLIGHT,
+    SharePartition,
 )
 from kmqkafka.store import commands as c
 from kmqkafka.store.names import channel_for
 
 __all__ = ["ShareGroupCoordinator", "ShareHeartbeat", "ShareLagCollector", "ShareResult",
-           "ShareSession", "SHARE_KEY_PREFIX"]
+           "ShareSession", "SHARE_KEY_PREFIX", "duration_ms"]
 
 log = Logger()
 
@@ -56,6 +58,22 @@ MAX_EPOCH = (1 << 31) - 1
 
 PartitionKey = tuple[str, str, int]  # group, topic name, partition
 Assignment = dict[str, tuple[int, ...]]  # topic name -> partitions
+
+
+_DURATION = re.compile(
+    r"P(?:(\d+)D)?(?:T(?=\d)(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)(?:[.,](\d{1,9}))?S)?)?",
+    re.IGNORECASE)
+
+
+def duration_ms(text: str) -> int | None:
+    """Milliseconds of a non-negative ISO-8601 duration as Java's ``Duration.parse`` reads it
+    (``PnDTnHnMn.nS``), or None if ``text`` is not one (a ``by_duration:`` reset)."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or text.strip().upper() in ("P", "PT"):
+        return None
+    days, hours, minutes, seconds, fraction = m.groups()
+    total = ((int(days or 0) * 24 + int(hours or 0)) * 60 + int(minutes or 0)) * 60
+    return (total + int(seconds or 0)) * 1000 + int((fraction or "0").ljust(9, "0")[:3])
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +189,19 @@ class ShareGroupCoordinator:
 
     def lock_ms(self, group_id: str) -> int:
         return int(self._config(group_id, "share.record.lock.duration.ms", "30000"))
+
+    def read_committed(self, group_id: str) -> bool:
+        """``share.isolation.level``: deliver only committed transactions' records."""
+        return self._config(group_id, "share.isolation.level",
+                            "read_uncommitted") == "read_committed"
+
+    def _limits(self, group_id: str) -> dict[str, int]:
+        """The window limits of the group's share-partitions (``SharePartition`` keywords)."""
+        set_here = self.configs.overrides(group_id)
+        return {"delivery_limit": int(set_here.get("share.delivery.count.limit",
+                                                   DEFAULT_DELIVERY_LIMIT)),
+                "max_in_flight": int(set_here.get("share.partition.max.record.locks",
+                                                  DEFAULT_MAX_IN_FLIGHT))}
 
     def now_ms(self) -> int:
         return int(self.clock.seconds() * 1000)
@@ -341,9 +372,17 @@ class ShareGroupCoordinator:
             bounds = self.store.bounds(channel_for(topic, p))
         except Exception:
             return None
-        reset = self._config(group_id, "share.auto.offset.reset", "latest")
-        start = bounds.log_start - 1 if reset == "earliest" else bounds.high_watermark - 1
-        return SharePartition(max(start, 0))
+        reset = self._config(group_id, "share.auto.offset.reset", "latest").lower()
+        start = bounds.high_watermark - 1
+        if reset == "earliest":
+            start = bounds.log_start - 1
+        elif reset.startswith("by_duration:"):
+            age = duration_ms(reset[len("by_duration:"):]) or 0
+            found = self.store.sequence_for_timestamp(channel_for(topic, p),
+                                                      self.store.now_ms() - age)
+            if found is not None:
+                start = max(found, bounds.log_start) - 1
+        return SharePartition(max(start, 0), **self._limits(group_id))
 
     # --- share-partition state ------------------------------------------------------------
 
@@ -359,6 +398,9 @@ class ShareGroupCoordinator:
                 return None
             self.partitions[key] = sp
             self.groups.setdefault(group_id, ShareGroup(group_id))
+        # An admin may change the limits at any time; they bind from the next acquisition.
+        for name, value in self._limits(group_id).items():
+            setattr(sp, name, value)
         try:
             bounds = self.store.bounds(channel_for(topic, p))
         except Exception:

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, succeed
 
+from kmqkafka.coordinators.share_group import duration_ms
 from kmqkafka.kafka.configs import (
     INT, SOURCE_DEFAULT, SOURCE_DYNAMIC_GROUP, STRING, ConfigEntry,
 )
@@ -36,22 +37,33 @@ _SHARE_DEFAULTS: dict[str, tuple[str, str, Any]] = {
     "share.heartbeat.interval.ms": ("5000", "group.share.heartbeat.interval.ms", (5000, 15000)),
     "share.record.lock.duration.ms": ("30000", "group.share.record.lock.duration.ms",
                                       (15000, 60000)),
-    "share.auto.offset.reset": ("latest", "", ("latest", "earliest")),
+    "share.delivery.count.limit": ("5", "group.share.delivery.count.limit", (2, 10)),
+    "share.partition.max.record.locks": ("2000", "group.share.partition.max.record.locks",
+                                         (100, 10000)),
+    "share.auto.offset.reset": ("latest", "", ("latest", "earliest", "by_duration:")),
+    "share.isolation.level": ("read_uncommitted", "", ("read_committed", "read_uncommitted")),
 }
+_STRINGS = frozenset({"share.auto.offset.reset", "share.isolation.level"})
 _DOCS = {
     SESSION_TIMEOUT: "How long a consumer-group member may go without a heartbeat before the "
                      "coordinator removes it.",
     HEARTBEAT_INTERVAL: "How often consumer-group members heartbeat to the coordinator.",
-    "share.session.timeout.ms": "Share groups' session timeout (accepted; share groups are "
-                                "not served here).",
-    "share.heartbeat.interval.ms": "Share groups' heartbeat interval (accepted; share groups "
-                                   "are not served here).",
-    "share.record.lock.duration.ms": "Share groups' record lock duration (accepted; share "
-                                     "groups are not served here).",
-    "share.auto.offset.reset": "Where a share group starts (accepted; share groups are not "
-                               "served here).",
+    "share.session.timeout.ms": "How long a share-group member may go without a heartbeat "
+                                "before the coordinator removes it.",
+    "share.heartbeat.interval.ms": "How often share-group members heartbeat to the "
+                                   "coordinator.",
+    "share.record.lock.duration.ms": "How long a record a share consumer acquired stays "
+                                     "locked to it before it is offered again.",
+    "share.delivery.count.limit": "How many times a record is delivered before it is "
+                                  "archived instead of offered again.",
+    "share.partition.max.record.locks": "How many records of one partition the group may have "
+                                        "in flight at once.",
+    "share.auto.offset.reset": "Where a share group starts reading a partition it has no "
+                               "state for: earliest, latest, or by_duration:<ISO-8601 "
+                               "duration> (the first record at most that old).",
+    "share.isolation.level": "read_committed: deliver only records of committed transactions "
+                             "(up to the last stable offset); read_uncommitted: every record.",
 }
-
 
 class GroupConfigs:
     """Reads and writes per-group overrides; reactor thread only."""
@@ -104,7 +116,7 @@ class GroupConfigs:
                 value, source = default, SOURCE_DEFAULT
             if broker:
                 synonyms.append((broker, default, SOURCE_DEFAULT))
-            kind = STRING if name == "share.auto.offset.reset" else INT
+            kind = STRING if name in _STRINGS else INT
             out.append(ConfigEntry(name, value, source, False, kind, tuple(synonyms),
                                    _DOCS[name]))
         return out
@@ -140,7 +152,14 @@ class GroupConfigs:
         if value is None:
             return
         if isinstance(limits[0], str):
-            if value.strip() not in limits:
+            text = value.strip()
+            if text.lower().startswith("by_duration:") and "by_duration:" in limits:
+                if duration_ms(text[len("by_duration:"):]) is None:
+                    raise KafkaError(ErrorCode.invalid_config,
+                                     f"Invalid value {value} for configuration {name}: "
+                                     "by_duration must be a non-negative ISO-8601 duration")
+                return
+            if text not in limits or text.endswith(":"):
                 raise KafkaError(ErrorCode.invalid_config,
                                  f"Invalid value {value} for configuration {name}: String must "
                                  f"be one of: {', '.join(limits)}")

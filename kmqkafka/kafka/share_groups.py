@@ -257,6 +257,7 @@ class _ShareFetch:
         self.deferred: Deferred | None = None
         self.wait: Deferred | None = None
         self.full = int(request.share_session_epoch) == 0
+        self.committed = c.read_committed(self.group_id)
 
     def start(self) -> Any:
         if not _serving(self.ctx):
@@ -297,7 +298,7 @@ class _ShareFetch:
                 continue
             batches, runs, nbytes, n = _acquire_partition(
                 store, channel_for(topic.name, p), sp, self.member_id, deadline_ms,
-                left_records, left_bytes)
+                left_records, left_bytes, self.committed)
             left_records -= n
             left_bytes -= nbytes
             out.append((ref, ErrorCode.none, batches, runs))
@@ -317,8 +318,13 @@ class _ShareFetch:
             if sp is not None:
                 # A full window takes nothing new: only a release (or the time-out) may
                 # wake it, or data already there would wake it again at once, for ever.
+                channel = channel_for(topic.name, p)
                 beyond = sp.next + 1 if sp.room() > 0 else NEVER
-                watches.append((channel_for(topic.name, p), beyond))
+                if self.committed and beyond != NEVER:
+                    # Records past the last stable offset are there but may not be taken
+                    # yet: wake on what comes after them (the transaction's marker).
+                    beyond = max(beyond, store.bounds(channel).high_watermark)
+                watches.append((channel, beyond))
         remaining = self.deadline - self.ctx.broker.reactor.seconds()
         wait = store.wait_any(watches, remaining)
         if wait.called and watches:
@@ -413,19 +419,36 @@ class _ShareFetch:
 
 
 def _acquire_partition(store: Any, channel: str, sp: SharePartition, member: str,
-                       deadline_ms: int, max_records: int, max_bytes: int
+                       deadline_ms: int, max_records: int, max_bytes: int,
+                       committed: bool = False
                        ) -> tuple[list, list[tuple[int, int, int]], int, int]:
     """Acquire for ``member`` in one share-partition: redeliveries first, then new records.
+    ``committed`` (``share.isolation.level=read_committed``) stops at the last stable offset
+    and archives the records of aborted transactions instead of delivering them.
     Returns (stored batches to send, acquired runs, bytes, records acquired)."""
     batches: list[memoryview] = []
     runs: list[tuple[int, int, int]] = []
     nbytes = n = 0
     sent: set[int] = set()
-    hw = store.bounds(channel).high_watermark - 1  # first offset not readable
+    # The first offset not readable.
+    hw = (store.stable_end(channel) if committed else store.bounds(channel).high_watermark) - 1
+    aborted: list | None = None
+
+    def in_aborted(buf: memoryview) -> bool:
+        """A transactional batch whose transaction was aborted (Sequences in ``AbortedTxn``)."""
+        nonlocal aborted
+        h = rec.read_header(buf)
+        if not h.is_transactional:
+            return False
+        if aborted is None:
+            aborted = store.aborted_between(channel, sp.start + 1, hw + 1)
+        seq = h.base_offset + 1
+        return any(a.producer_id == h.producer_id and a.first <= seq < a.last for a in aborted)
 
     def take(first: int, last: int, buf: memoryview, base: int, control: bool) -> None:
         nonlocal nbytes, n
-        if control:  # a transaction marker: nothing to deliver
+        if control or (committed and last >= sp.next and in_aborted(buf)):
+            # A transaction marker, or a record read_committed must never see.
             if last >= sp.next:
                 sp.archive_new(max(first, sp.next), last)
             sp.archive_gap(first, min(last, sp.next - 1))

@@ -10,7 +10,9 @@ from kio.schema.errors import ErrorCode as E
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from kmqkafka.coordinators.share_group import ShareGroupCoordinator, ShareHeartbeat
+from kmqkafka.coordinators.share_group import (
+    ShareGroupCoordinator, ShareHeartbeat, duration_ms,
+)
 from kmqkafka.coordinators.share_partition import ACK_ACCEPT, AVAILABLE
 from kmqkafka.store import commands as c
 from kmqkafka.store.names import channel_for
@@ -39,7 +41,12 @@ class Store(KeyedStore):
         return self.families.get(family, {}).get(key)
 
     def now_ms(self) -> int:
-        return 0
+        return 100_000
+
+    def sequence_for_timestamp(self, name: str, timestamp_ms: int) -> int | None:
+        """Record Sequence s has timestamp 1000 * s here; None past the end."""
+        first = -(-timestamp_ms // 1000)
+        return first if first < self.bounds(name).high_watermark else None
 
     def bounds(self, name: str) -> Bounds:
         return self.ends.setdefault(name, Bounds(1, 1))
@@ -141,6 +148,37 @@ def test_a_partition_starts_at_the_end_unless_the_group_says_earliest() -> None:
     sc.load()
     assert sc.partition("g", "t", 0).start == 40 and "g" in sc.groups
 
+
+
+def test_by_duration_starts_at_the_first_record_young_enough() -> None:
+    """share.auto.offset.reset=by_duration:D starts at the first record at most D old (the
+    log end if there is none), and never before the log start."""
+    sc, _clock, store, configs = setup(t=1)
+    store.ends[channel_for("t", 0)] = Bounds(5, 91)  # Sequence s was written at 1000 * s ms
+    for group, age, start in (("a", "PT20S", 79), ("b", "PT1M30.5S", 9), ("c", "P1D", 4),
+                              ("d", "PT0S", 90)):
+        configs.by_group[group] = {"share.auto.offset.reset": f"by_duration:{age}"}
+        beat(sc, "m", group=group)
+        assert sc.partition(group, "t", 0).start == start, group
+
+
+def test_group_limits_bind_the_window() -> None:
+    sc, _clock, _store, configs = setup(t=1)
+    configs.by_group["g"] = {"share.delivery.count.limit": "2",
+                             "share.partition.max.record.locks": "100"}
+    beat(sc, "a")
+    sp = sc.partition("g", "t", 0)
+    assert (sp.delivery_limit, sp.max_in_flight) == (2, 100)
+    configs.by_group["g"]["share.delivery.count.limit"] = "7"  # altered later: binds at once
+    assert sc.partition("g", "t", 0).delivery_limit == 7
+
+
+def test_iso_durations_read_as_java_reads_them() -> None:
+    assert duration_ms("PT0.5S") == 500
+    assert duration_ms("P2DT3H4M5.006S") == ((2 * 24 + 3) * 60 + 4) * 60_000 + 5006
+    assert duration_ms("pt15m") == 900_000
+    for bad in ("", "P", "PT", "-PT1S", "PT-1S", "1H", "P1H", "PT1D", "P1DT", "PT1.5"):
+        assert duration_ms(bad) is None, bad
 
 def test_share_sessions_follow_their_epochs() -> None:
     sc, *_ = setup(t=1)
