@@ -12,7 +12,7 @@ import uuid
 import pytest
 from conftest import BrokerProcess
 from test_share_groups import (
-    create, drain, got, produce, quiet, set_group_configs, share_consumer, unique,
+    acknowledge_each, create, drain, produce, quiet, set_group_configs, share_consumer, unique,
 )
 
 from confluent_kafka import AcknowledgeType, KafkaException, Producer  # noqa: E402
@@ -78,21 +78,13 @@ def test_the_groups_delivery_count_limit_archives_a_released_record(
     set_group_configs(bs, group, share_auto_offset_reset="earliest",
                       share_delivery_count_limit="2")
     produce(bs, topic, "x", 1)
-    counts = []
     c = share_consumer(bs, group, topic, explicit=True)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(counts) < 2:
-            batch = c.poll(0.5)
-            for m in batch:
-                counts.append(got(m).delivery_count)
-                c.acknowledge(m, AcknowledgeType.RELEASE)
-            if batch:
-                assert all(e is None for e in c.commit_sync(10).values())
+        deliveries = acknowledge_each(c, lambda _offset: AcknowledgeType.RELEASE, 2)
         later = quiet(c, 1.5)
     finally:
         c.close()
-    assert counts == [1, 2] and later == []
+    assert deliveries == [(0, 1), (0, 2)] and later == []
 
 
 def test_by_duration_starts_a_new_group_at_the_first_record_young_enough(

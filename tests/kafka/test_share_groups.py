@@ -134,6 +134,23 @@ def drain(c: ShareConsumer, n: int, timeout: float = 20.0) -> list[Got]:
     return records
 
 
+def acknowledge_each(c: ShareConsumer, kind: Callable[[int], Any], n: int,
+                     timeout: float = 20.0) -> list[tuple[int, int]]:
+    """Explicit acknowledgement: acknowledge every record polled as ``kind(offset)`` says and
+    commit, until ``n`` deliveries; returns (offset, delivery count) of each delivery."""
+    deliveries: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(deliveries) < n:
+        batch = c.poll(0.5)
+        for m in batch:
+            deliveries.append((m.offset(), got(m).delivery_count))
+            c.acknowledge(m, kind(m.offset()))
+        if batch:
+            results = c.commit_sync(10)
+            assert results and all(e is None for e in results.values()), results
+    return deliveries
+
+
 def quiet(c: ShareConsumer, seconds: float) -> list[Got]:
     """Everything one consumer receives in ``seconds``."""
     (records,) = collect([c], lambda _out: False, seconds)
@@ -313,18 +330,9 @@ def test_release_redelivers_reject_archives_and_the_delivery_limit_archives(
     set_group_configs(bs, group, share_auto_offset_reset="earliest")
     produce(bs, topic, "x", 3)
     kind = {0: AcknowledgeType.RELEASE, 1: AcknowledgeType.REJECT, 2: AcknowledgeType.ACCEPT}
-    deliveries: list[tuple[int, int]] = []
     c = share_consumer(bs, group, topic, explicit=True)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(deliveries) < 7:
-            batch = c.poll(0.5)
-            for m in batch:
-                deliveries.append((m.offset(), got(m).delivery_count))
-                c.acknowledge(m, kind[m.offset()])
-            if batch:
-                results = c.commit_sync(10)
-                assert results and all(e is None for e in results.values()), results
+        deliveries = acknowledge_each(c, lambda offset: kind[offset], 7)
         later = quiet(c, 1.5)  # nothing left: offset 0 was archived at its limit
     finally:
         c.close()
