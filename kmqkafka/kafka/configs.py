@@ -208,6 +208,11 @@ _BROKER_DOCS: dict[str, str] = {
     "group.consumer.session.timeout.ms": "Session timeout of KIP-848 consumer group members.",
     "group.consumer.heartbeat.interval.ms": "Heartbeat interval of KIP-848 consumer group "
                                             "members.",
+    "group.consumer.migration.policy": "A group changes between the classic and the KIP-848 "
+                                       "protocol only while it has no members (Kafka's "
+                                       "'disabled'): a member of the other protocol joining a "
+                                       "non-empty group is refused (GROUP_ID_NOT_FOUND or "
+                                       "INCONSISTENT_GROUP_PROTOCOL).",
     "log.cleaner.backoff.ms": "Pause of the cleaner when no partition is due for compaction.",
     "log.retention.check.interval.ms": "How often retention is enforced on every partition.",
     "transaction.state.log.replication.factor": "Producer state lives in the replicated "
@@ -325,6 +330,7 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
                                               SOURCE_DEFAULT, INT),
         "group.consumer.heartbeat.interval.ms": (str(s.kafka_consumer_heartbeat_interval_ms),
                                                  SOURCE_DEFAULT, INT),
+        "group.consumer.migration.policy": ("disabled", SOURCE_STATIC_BROKER, STRING),
         "log.cleaner.backoff.ms": (str(s.kafka_log_cleaner_backoff_ms), SOURCE_STATIC_BROKER,
                                    LONG),
         "log.retention.check.interval.ms": (
