@@ -56,12 +56,10 @@ def test_read_committed_share_groups_skip_aborted_and_wait_for_open_transactions
     rc = share_consumer(bs, committed_group, topic)
     ru = share_consumer(bs, uncommitted_group, topic)
     try:
-        before = drain(rc, 4)
-        before += quiet(rc, 1.5)
-        everything = drain(ru, 10)
+        before = drain(rc, 4, settle=1.5)
+        everything = drain(ru, 10, settle=0.5)
         txp.commit_transaction(30)
-        after = drain(rc, 3)
-        after += quiet(rc, 0.5)
+        after = drain(rc, 3, settle=0.5)
     finally:
         rc.close()
         ru.close()
@@ -97,8 +95,7 @@ def test_by_duration_starts_a_new_group_at_the_first_record_young_enough(
     set_group_configs(bs, group, share_auto_offset_reset="by_duration:PT1.5S")
     c = share_consumer(bs, group, topic)
     try:
-        records = drain(c, 2)
-        records += quiet(c, 0.5)
+        records = drain(c, 2, settle=0.5)
     finally:
         c.close()
     assert [r.value for r in records] == [s.value for s in recent]

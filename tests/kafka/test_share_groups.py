@@ -127,11 +127,12 @@ def collect(consumers: list[ShareConsumer], enough: Callable[[list[list[Got]]], 
     return out
 
 
-def drain(c: ShareConsumer, n: int, timeout: float = 20.0) -> list[Got]:
-    """Poll one consumer until it has ``n`` records (fails if it gets fewer in time)."""
+def drain(c: ShareConsumer, n: int, timeout: float = 20.0, settle: float = 0.0) -> list[Got]:
+    """Poll one consumer until it has ``n`` records (fails if it gets fewer in time), then
+    for ``settle`` seconds more, so that anything beyond the ``n`` shows too."""
     (records,) = collect([c], lambda out: len(out[0]) >= n, timeout)
     assert len(records) >= n, f"{len(records)} of {n} records in {timeout}s: {records}"
-    return records
+    return records + quiet(c, settle) if settle else records
 
 
 def acknowledge_each(c: ShareConsumer, kind: Callable[[int], Any], n: int,
@@ -250,8 +251,7 @@ def test_every_record_is_delivered_once_and_acknowledged_records_stay_done(
     try:
         assert quiet(c, 2.0) == []
         more = produce(bs, topic, "b", 6, partitions=3)
-        records = drain(c, 6)
-        records += quiet(c, 0.5)
+        records = drain(c, 6, settle=0.5)
     finally:
         c.close()
     assert sorted(r.value for r in records) == sorted(s.value for s in more)
@@ -268,8 +268,7 @@ def test_a_new_group_starts_at_the_log_end_by_default(shared: BrokerProcess):
         wait_stable(port, group, [c], 1)  # the share-partitions start at the log end now
         assert quiet(c, 1.0) == []
         new = produce(bs, topic, "new", 8, partitions=2)
-        records = drain(c, 8)
-        records += quiet(c, 0.5)
+        records = drain(c, 8, settle=0.5)
     finally:
         c.close()
     assert sorted(r.value for r in records) == sorted(s.value for s in new)
@@ -442,8 +441,7 @@ def test_share_state_survives_kill_9(tmp_path: Path):
         bs = b.bootstrap
         c = share_consumer(bs, group, topic)
         try:
-            records = drain(c, 8)
-            records += quiet(c, 1.0)
+            records = drain(c, 8, settle=1.0)
         finally:
             c.close()
         # Every pending record comes (back): none was acknowledged. Kafka writes a record's
