@@ -14,8 +14,8 @@ UNKNOWN_MEMBER_ID and it joins again, as Kafka's clients do); the share-partitio
 durable, one record per partition in the ``groups`` family under
 ``SHARE_KEY_PREFIX + group "\\0" topic "\\0" partition``. A partition is initialised when it is
 first assigned, at the log end, the log start or the first record at most a given age old, as
-``share.auto.offset.reset`` says (latest by default), and written again after every acknowledgement and every release, which answer only
-once that write is durable.
+``share.auto.offset.reset`` says (latest by default), and written again after every
+acknowledgement and every release, which answer only once that write is durable.
 
 Share sessions (ShareFetch/ShareAcknowledge) are per (group, member): epoch 0 opens one with
 the partitions named, later requests must carry the next epoch, -1 closes it and releases what

@@ -65,6 +65,7 @@ _DOCS = {
                              "(up to the last stable offset); read_uncommitted: every record.",
 }
 
+
 class GroupConfigs:
     """Reads and writes per-group overrides; reactor thread only."""
 

@@ -597,8 +597,8 @@ def _fetch_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
 
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(SHARE_GROUP_HEARTBEAT, groups.coordinated(heartbeat), 1, 1)
-    dispatcher.register(SHARE_GROUP_DESCRIBE, groups.coordinated(describe, consumer_groups.describe_error),
-                        1, 1)
+    dispatcher.register(SHARE_GROUP_DESCRIBE,
+                        groups.coordinated(describe, consumer_groups.describe_error), 1, 1)
     dispatcher.register(SHARE_FETCH, groups.coordinated(share_fetch, _fetch_error), 1, 1,
                         wait_only=True)
     dispatcher.register(SHARE_ACKNOWLEDGE, groups.coordinated(share_acknowledge, _fetch_error),
