@@ -37,6 +37,7 @@ from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.group_configs import GroupConfigs
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.names import channel_for
+from kmqkafka.store.txn_state import AbortedIndex, index_aborted, is_aborted
 
 log = Logger()
 
@@ -432,18 +433,17 @@ def _acquire_partition(store: Any, channel: str, sp: SharePartition, member: str
     sent: set[int] = set()
     # The first offset not readable.
     hw = (store.stable_end(channel) if committed else store.bounds(channel).high_watermark) - 1
-    aborted: list | None = None
+    aborted: AbortedIndex | None = None
 
     def in_aborted(buf: memoryview) -> bool:
-        """A transactional batch whose transaction was aborted (Sequences in ``AbortedTxn``)."""
+        """A transactional batch whose transaction was aborted."""
         nonlocal aborted
         h = rec.read_header(buf)
         if not h.is_transactional:
             return False
         if aborted is None:
-            aborted = store.aborted_between(channel, sp.start + 1, hw + 1)
-        seq = h.base_offset + 1
-        return any(a.producer_id == h.producer_id and a.first <= seq < a.last for a in aborted)
+            aborted = index_aborted(store.aborted_between(channel, sp.start + 1, hw + 1))
+        return is_aborted(aborted, h.producer_id, h.base_offset + 1)
 
     def take(first: int, last: int, buf: memoryview, base: int, control: bool) -> None:
         nonlocal nbytes, n

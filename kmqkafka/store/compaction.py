@@ -44,6 +44,7 @@ from kmqkafka.store.segment import (
     write_all,
     write_index_parts,
 )
+from kmqkafka.store.txn_state import AbortedIndex, is_aborted
 
 _WRITE_BUFFER = 1024 * 1024
 
@@ -105,14 +106,12 @@ class CompactionPlan:
     # into a channel of the same name created after a delete (same directory and bases).
     owner: object = None
     # producer id -> (first, last) Sequences of its aborted transactions in this partition
-    aborted: dict[int, list[tuple[int, int]]] | None = None
+    aborted: AbortedIndex | None = None
 
     def _aborted(self, header: records.BatchHeader) -> bool:
         """The data batch belongs to an aborted transaction."""
-        if not self.aborted or header.producer_id < 0 or not header.is_transactional:
-            return False
-        first = header.base_offset + 1
-        return any(lo <= first <= hi for lo, hi in self.aborted.get(header.producer_id, ()))
+        return (header.producer_id >= 0 and header.is_transactional
+                and is_aborted(self.aborted, header.producer_id, header.base_offset + 1))
 
     def run(self) -> CompactionResult:
         """Build the key map, rewrite the segments that change, fsync the output."""

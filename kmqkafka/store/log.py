@@ -42,7 +42,7 @@ from kmqkafka.store.config import LogConfig
 from kmqkafka.store.errors import CorruptStore, OffsetOutOfRange
 from kmqkafka.store.pagecache import PageCacheBudget
 from kmqkafka.store.producer_state import BatchMetadata, ProducerState, last_seq_of
-from kmqkafka.store.txn_state import ABORT, COMMIT, PartitionTxns
+from kmqkafka.store.txn_state import ABORT, COMMIT, AbortedIndex, PartitionTxns, index_aborted
 from kmqkafka.store.segment import (
     BATCH_SPAN,
     CLEANED_SUFFIX,
@@ -1009,14 +1009,11 @@ class ChannelLog:
             aborted=self._aborted_below(bound),
         )
 
-    def _aborted_below(self, bound: int) -> dict[int, list[tuple[int, int]]] | None:
+    def _aborted_below(self, bound: int) -> AbortedIndex | None:
         """The aborted transactions a compaction below ``bound`` may meet, by producer."""
         if self.txns is None or not self.txns.aborted:
             return None
-        out: dict[int, list[tuple[int, int]]] = {}
-        for a in self.txns.aborted_between(self._log_start, bound):
-            out.setdefault(a.producer_id, []).append((a.first, a.last))
-        return out
+        return index_aborted(self.txns.aborted_between(self._log_start, bound))
 
     def install_compaction(self, result: CompactionResult) -> int:
         """Swap cleaned segments in by rename if they are unchanged since the plan.

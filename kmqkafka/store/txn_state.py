@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Iterable
 
 from kmqkafka.store.errors import InvalidProducerEpoch
 
-__all__ = ["AbortedTxn", "PartitionTxns", "ABORT", "COMMIT"]
+__all__ = ["AbortedTxn", "AbortedIndex", "PartitionTxns", "ABORT", "COMMIT",
+           "index_aborted", "is_aborted"]
 
 ABORT, COMMIT = 0, 1
 
@@ -32,6 +34,24 @@ class AbortedTxn:
     producer_id: int
     first: int  # Sequence of the transaction's first record in this partition
     last: int  # Sequence of its ABORT marker
+
+
+AbortedIndex = dict[int, list[tuple[int, int]]]
+"""Producer id -> (first, marker) Sequences of its aborted transactions (``index_aborted``)."""
+
+
+def index_aborted(txns: Iterable[AbortedTxn]) -> AbortedIndex:
+    """Aborted transactions by producer, for ``is_aborted``."""
+    out: AbortedIndex = {}
+    for a in txns:
+        out.setdefault(a.producer_id, []).append((a.first, a.last))
+    return out
+
+
+def is_aborted(index: AbortedIndex | None, producer_id: int, first: int) -> bool:
+    """A transactional data batch of ``producer_id`` starting at Sequence ``first`` belongs to
+    an aborted transaction (read_committed readers and the cleaner drop its records)."""
+    return bool(index) and any(lo <= first <= hi for lo, hi in index.get(producer_id, ()))
 
 
 class PartitionTxns:
