@@ -40,7 +40,8 @@ class Setting:
     option: str
     table: str
     key: str
-    kind: str  # bool|port|port0|size|posint|posint0|host|path|optpath|peers|clientauth
+    kind: str  # bool|port|port0|size|posint|posint0|host|path|optpath|peers|clientauth|
+    # mechanisms|users
     default: Any
     help: str
 
@@ -129,6 +130,15 @@ SETTINGS: tuple[Setting, ...] = (
             "create unknown topics on Metadata/Produce"),
     Setting("kafka_bind_host", "CONNECTORS_KAFKA_BIND_HOST", "kafka-bind-host", "kafka",
             "bind_host", "host", "0.0.0.0", "interface the Kafka listeners bind"),
+    Setting("kafka_sasl_mechanisms", "CONNECTORS_KAFKA_SASL_MECHANISMS",
+            "kafka-sasl-mechanisms", "kafka", "sasl_mechanisms", "mechanisms", "",
+            "SASL mechanisms clients must authenticate with, comma-separated: PLAIN, "
+            "SCRAM-SHA-256, SCRAM-SHA-512 (empty = no SASL); when set, the plaintext listener "
+            "is SASL_PLAINTEXT and the TLS listener SASL_SSL"),
+    Setting("kafka_sasl_users", "CONNECTORS_KAFKA_SASL_USERS", "kafka-sasl-users", "kafka",
+            "sasl_users", "users", "",
+            "SASL users as name:password,... (in the TOML file also a table name = "
+            "\"password\"); needed when sasl_mechanisms is set"),
     Setting("data_dir", "KMQKAFKA_DATA_DIR", "data-dir", "server", "data_dir", "path",
             "./kmq-data", "directory of the channel store"),
     Setting("page_cache_bytes", "KMQKAFKA_PAGE_CACHE_BYTES", "page-cache-bytes", "server",
@@ -279,6 +289,8 @@ class Settings:
     kafka_num_partitions: int = 1
     kafka_auto_create_topics: bool = True
     kafka_bind_host: str = "0.0.0.0"
+    kafka_sasl_mechanisms: tuple[str, ...] = ()
+    kafka_sasl_users: tuple[tuple[str, str], ...] = ()
     data_dir: Path = Path("./kmq-data")
     page_cache_bytes: int = 64 << 20
     http_port: int = 8080
@@ -349,6 +361,10 @@ def _parse(s: Setting, raw: Any) -> Any:
         if s.kind == "partitions" and not 1 <= value <= MAX_TOPIC_PARTITIONS:
             raise bad(f"is not a partition count in 1..{MAX_TOPIC_PARTITIONS}")
         return value
+    if s.kind == "mechanisms":
+        return _mechanisms(raw, bad)
+    if s.kind == "users":  # never echo the value: it holds passwords
+        return _users(raw, lambda why: ConfigError(f"invalid setting {_name(s)}: {why}"))
     if not isinstance(raw, str):
         raise bad("is not a string")
     if s.kind == "peers":
@@ -370,6 +386,53 @@ def _parse(s: Setting, raw: Any) -> Any:
     if text == "":
         raise bad("is empty")
     return Path(text)
+
+
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _mechanisms(raw: Any, bad: Any) -> tuple[str, ...]:
+    """Comma-separated text (or a TOML list) of SASL mechanism names, in the order given."""
+    items = raw if isinstance(raw, list) else str(raw).split(",")
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise bad("is not a list of mechanism names")
+        name = item.strip().upper()
+        if not name:
+            continue
+        if name not in SASL_MECHANISMS:
+            raise bad(f"names {item.strip()!r}, not one of {', '.join(SASL_MECHANISMS)}")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _users(raw: Any, bad: Any) -> tuple[tuple[str, str], ...]:
+    """``name:password,...`` text, or a TOML table ``name = "password"``."""
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    elif isinstance(raw, str):
+        pairs = []
+        for item in raw.split(","):
+            if not item.strip():
+                continue
+            name, colon, password = item.partition(":")
+            if not colon:
+                raise bad(f"entry {item.partition(':')[0].strip()!r} is not name:password")
+            pairs.append((name.strip(), password))
+    else:
+        raise bad("is not name:password,... or a table of passwords")
+    seen: set[str] = set()
+    for name, password in pairs:
+        if not isinstance(password, str) or not password:
+            raise bad(f"gives user {name!r} no password")
+        if not name:
+            raise bad("has a user without a name")
+        if name in seen:
+            raise bad(f"names user {name!r} twice")
+        seen.add(name)
+    return tuple(pairs)
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -484,7 +547,9 @@ def load_settings(
             values[s.attr] = parsed[0]
             given.add(s.attr)
         else:
-            values[s.attr] = Path(s.default) if s.kind == "path" else s.default
+            values[s.attr] = (Path(s.default) if s.kind == "path" else
+                              _parse(s, s.default) if s.kind in ("mechanisms", "users") else
+                              s.default)
 
     if values["tls_key"] is None and values["tls_cert"] is not None:
         values["tls_key"] = values["tls_cert"]
@@ -529,6 +594,11 @@ def load_settings(
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['kafka_group_min_session_timeout_ms'])}: larger "
             f"than the maximum ({values['kafka_group_max_session_timeout_ms']} ms)"
+        )
+    if values["kafka_sasl_mechanisms"] and not values["kafka_sasl_users"]:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['kafka_sasl_users'])}: SASL is enabled "
+            f"(CONNECTORS_KAFKA_SASL_MECHANISMS) but no user is configured"
         )
     if values["raft_election_ticks"] < 2:
         raise ConfigError(

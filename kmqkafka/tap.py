@@ -20,7 +20,7 @@ from kmqkafka.heap import keep_freed_memory, settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
     acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
-    metadata, offsets, placement, positions, produce, producers, quorum, share_groups,
+    metadata, offsets, placement, positions, produce, producers, quorum, security, share_groups,
     share_offsets, transactions,
 )
 from kmqkafka.kafka.context import Broker
@@ -28,6 +28,7 @@ from kmqkafka.kafka import quotas
 from kmqkafka.kafka.topics import TopicCatalog, connections_that_fit, partition_budget
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import ConnectionLimiter, KafkaFactory
+from kmqkafka.net.sasl import SaslUsers
 from kmqkafka.service import BrokerService, Listener, exit_cleanly_on_sigterm, exit_with
 
 
@@ -113,6 +114,11 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     transactions.install(broker)  # broker.extras["transactions"]; times out open ones
     share_groups.install(broker)  # broker.extras["share_groups"] (KIP-932)
     register_handlers(dispatcher)
+    sasl_users = None
+    if settings.kafka_enable and settings.kafka_sasl_mechanisms:
+        sasl_users = SaslUsers(settings.kafka_sasl_mechanisms, settings.kafka_sasl_users)
+        broker.extras["sasl"] = sasl_users  # the forwarder authenticates its relays with it
+    security.register_sasl(dispatcher, sasl_users)
     quotas.install(dispatcher, settings, reactor)
 
     listeners: list[Listener] = []
@@ -122,7 +128,8 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
         def factory(name: str) -> KafkaFactory:
             return KafkaFactory(dispatcher, metrics, reactor, settings.max_frame_bytes, limiter,
                                 listener=name, broker=broker,
-                                max_idle_s=settings.kafka_connections_max_idle_ms / 1000)
+                                max_idle_s=settings.kafka_connections_max_idle_ms / 1000,
+                                sasl_users=sasl_users)
 
         listeners.append(
             Listener("PLAINTEXT", settings.kafka_bind_host, settings.kafka_port, factory("PLAINTEXT"))

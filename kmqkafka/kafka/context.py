@@ -41,6 +41,7 @@ class RequestContext:
     ``response_type`` is the kio response dataclass for (``api_key``, ``api_version``); a handler
     returns an instance of exactly that class (or ``NO_RESPONSE`` for acks=0 Produce).
     ``peer`` is ``"host:port"`` of the client; ``listener`` is ``"PLAINTEXT"`` or ``"SSL"``.
+    ``sasl`` is the connection's ``net.sasl.SaslSession`` when SASL is on, else None.
     """
 
     api_key: int
@@ -52,3 +53,4 @@ class RequestContext:
     principal: str = ANONYMOUS
     peer: str = ""
     listener: str = "PLAINTEXT"
+    sasl: Any = None

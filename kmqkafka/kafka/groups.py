@@ -270,7 +270,10 @@ class Coordination:
         if where is None:
             return None
         if self.forwarder is None:
-            self.forwarder = Forwarder(self.broker.reactor)
+            sasl = self.broker.extras.get("sasl")
+            self.forwarder = Forwarder(
+                self.broker.reactor,
+                credentials=None if sasl is None else sasl.node_credentials)
         parked = ctx.api_key in (JOIN_GROUP, SYNC_GROUP)
         timeout = _FORWARD_TIMEOUT_S
         if ctx.api_key == JOIN_GROUP:

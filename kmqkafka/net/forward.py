@@ -77,11 +77,47 @@ class _Connection(Protocol):
 
     def connectionMade(self) -> None:
         self.open = True
-        self.factory.made(self)
         try:
             self.transport.setTcpNoDelay(True)  # type: ignore[attr-defined]
         except Exception:
             pass
+        credentials = self.factory.credentials
+        if credentials is None:
+            self.factory.made(self)
+            return
+        d = self._authenticate(*credentials)
+        d.addCallbacks(lambda _: self.factory.made(self), self._refused)
+
+    def _authenticate(self, mechanism: str, user: str, password: str) -> Deferred:
+        """SASL on a listener that asks for it: SaslHandshake v1, then SaslAuthenticate
+        exchanges until the mechanism's client side is done (``net/sasl.client_steps``)."""
+        from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+        from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+        from kmqkafka.net.sasl import client_steps
+
+        steps = client_steps(mechanism, user, password)
+
+        def check(response: Any) -> Any:
+            if response.error_code != 0:
+                raise ForwardError(f"the leader refused SASL {mechanism}: "
+                                   f"{getattr(response, 'error_message', None) or response.error_code}")
+            return response
+
+        def step(server_bytes: bytes | None) -> Any:
+            try:
+                token = next(steps) if server_bytes is None else steps.send(server_bytes)
+            except StopIteration:
+                return None
+            d = self.send(SaslAuthenticateRequest(auth_bytes=token), "")
+            return d.addCallback(check).addCallback(lambda r: step(bytes(r.auth_bytes)))
+
+        d = self.send(SaslHandshakeRequest(mechanism=mechanism), "")
+        return d.addCallback(check).addCallback(lambda _: step(None))
+
+    def _refused(self, failure: Failure) -> None:
+        self.factory.refused(failure)
+        self.transport.loseConnection()
 
     def send(self, request: Any, client_id: str) -> Deferred:
         if not self.open:
@@ -140,7 +176,9 @@ class _Factory(ClientFactory):
     protocol = _Connection
 
     def __init__(self, ready: Deferred, endpoint: tuple[str, int],
-                 live: dict[_Connection, tuple[str, int]]) -> None:
+                 live: dict[_Connection, tuple[str, int]],
+                 credentials: tuple[str, str, str] | None = None) -> None:
+        self.credentials = credentials  # (mechanism, user, password) for a SASL listener
         self.ready: Deferred | None = ready
         self.endpoint = endpoint
         self.live = live  # the forwarder's open connections and their endpoints
@@ -154,6 +192,12 @@ class _Factory(ClientFactory):
     def lost(self, conn: _Connection) -> None:
         self.live.pop(conn, None)
 
+    def refused(self, failure: Failure) -> None:
+        d, self.ready = self.ready, None
+        if d is not None and not d.called:
+            d.errback(failure if failure.check(ForwardError) else
+                      Failure(ForwardError(failure.getErrorMessage())))
+
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
         d, self.ready = self.ready, None
         if d is not None and not d.called:
@@ -164,8 +208,11 @@ class Forwarder:
     """Sends kio requests to other nodes' Kafka listeners and returns their kio responses."""
 
     def __init__(self, reactor: Any, *, connect_timeout_s: float = 5.0,
-                 request_timeout_s: float = 30.0) -> None:
+                 request_timeout_s: float = 30.0,
+                 credentials: tuple[str, str, str] | None = None) -> None:
+        """``credentials``: (mechanism, user, password) when the listeners ask for SASL."""
         self._reactor = reactor
+        self._credentials = credentials
         self._connect_timeout = connect_timeout_s
         self._timeout = request_timeout_s
         self._pool: dict[tuple[str, int], _Connection] = {}
@@ -233,7 +280,8 @@ class Forwarder:
 
     def _connect(self, host: str, port: int) -> Deferred:
         ready: Deferred = Deferred()
-        self._reactor.connectTCP(host, port, _Factory(ready, (host, port), self._live),
+        self._reactor.connectTCP(host, port,
+                                 _Factory(ready, (host, port), self._live, self._credentials),
                                  timeout=self._connect_timeout)
         return ready
 

@@ -49,10 +49,12 @@ from kmqkafka.metrics import Metrics
 from kmqkafka.net import guard
 from kmqkafka.net.chunks import ChunkWriter
 from kmqkafka.net.forward import FORWARD_PREFIX
+from kmqkafka.net.sasl import SaslUsers
 from kmqkafka.net import fast_bodies, fast_requests, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
+SASL_MAX_FRAME_BYTES = 512 << 10  # Kafka's sasl.server.max.receive.size, before authentication
 RESUME_IN_FLIGHT = 16
 MAX_FETCHES_IN_FLIGHT = 2
 _PRODUCE = 0
@@ -133,6 +135,8 @@ class KafkaProtocol(Protocol):
         self.last_active = factory.reactor.seconds()
         self.idle_closed = False  # ``KafkaFactory.close_idle`` closed it already
         self._fills = False  # a large request may be read into a buffer of its own
+        users = factory.sasl_users
+        self.sasl = users.session() if users is not None else None  # None: no SASL
         self._fill: bytearray | None = None
         self._filled = 0
 
@@ -207,6 +211,8 @@ class KafkaProtocol(Protocol):
     def _process_frames(self) -> None:
         buf = self._buf
         cap = self.factory.max_frame_bytes
+        if self.sasl is not None and not self.sasl.authenticated:
+            cap = SASL_MAX_FRAME_BYTES  # nothing large is read from a client not yet known
         while not self._holds and not self._closing:
             available = len(buf) - self._pos
             if available < 4:
@@ -279,6 +285,9 @@ class KafkaProtocol(Protocol):
     def _frame(self, frame: memoryview, owned: bool = False) -> None:
         """Decode and start one request. ``owned``: ``frame`` is a buffer of its own, never
         written again, so a Produce's batches may stay in it (``fast_requests``)."""
+        if self.sasl is not None and self.sasl.raw_tokens:
+            self._raw_sasl_token(frame)
+            return
         if len(frame) < _HEAD.size:
             self._violation("truncated_header", "frame of {n} bytes has no request header",
                             n=len(frame))
@@ -287,6 +296,12 @@ class KafkaProtocol(Protocol):
         dispatcher = self.factory.dispatcher
         if dispatcher.lookup(api_key) is None:
             self._violation("unknown_api_key", "unknown API key {api_key}", api_key=api_key)
+            return
+        if self.sasl is not None and not self.sasl.allows(api_key):
+            # Kafka's SaslServerAuthenticator: anything but ApiVersions and the SASL requests
+            # before authentication is an invalid request, and the connection closes.
+            self._violation("unauthenticated", "{api} request before SASL authentication",
+                            api=api_name(api_key))
             return
         if not dispatcher.supports(api_key, api_version):
             answer = dispatcher.unsupported_version_response(api_key, api_version)
@@ -327,9 +342,10 @@ class KafkaProtocol(Protocol):
             client_id=header.client_id,
             response_type=response_type,
             broker=self.factory.broker,
-            principal=ANONYMOUS,
+            principal=ANONYMOUS if self.sasl is None else self.sasl.principal,
             peer=self.peer,
             listener=self.factory.listener,
+            sasl=self.sasl,
         )
         slot = _Slot(ctx, self.factory.reactor.seconds())
         self._pending.append(slot)
@@ -341,6 +357,20 @@ class KafkaProtocol(Protocol):
             self.hold_reading("in_flight", True)
         self._waiting.append((slot, request))
         self._start_waiting()
+
+    def _raw_sasl_token(self, frame: memoryview) -> None:
+        """After a v0 SaslHandshake a frame is a bare SASL token, answered by a bare one
+        (Kafka before SaslAuthenticate); refused credentials close the connection."""
+        assert self.sasl is not None
+        if self._pending:
+            self._violation("sasl_state", "SASL token while requests are still answered")
+            return
+        try:
+            reply = self.sasl.authenticate(bytes(frame))
+        except Exception as e:  # AuthenticationFailed, IllegalSaslState
+            self._violation("sasl_failed", "SASL authentication failed: {why}", why=str(e))
+            return
+        self._write([_PREFIX.pack(len(reply)), reply])
 
     def _start_waiting(self) -> None:
         """Start the handlers of waiting requests, in order, while nothing earlier is running
@@ -420,6 +450,11 @@ class KafkaProtocol(Protocol):
                 return
         if out:
             self._write(out)
+        if self.sasl is not None and self.sasl.failed:
+            # Refused credentials: the answer says why, then the connection closes (Kafka).
+            self._closing = True
+            self.transport.loseConnection()
+            return
         if len(self._pending) <= RESUME_IN_FLIGHT:
             self.hold_reading("in_flight", False)
         if not self._pending:
@@ -540,9 +575,12 @@ class KafkaFactory(Factory):
         listener: str = "PLAINTEXT",
         broker: Broker | None = None,
         max_idle_s: float | None = None,
+        sasl_users: SaslUsers | None = None,
     ) -> None:
         """``max_idle_s``: close connections idle that long (Kafka's connections.max.idle.ms);
-        checked every quarter of it, at most every 30 s, while the factory listens."""
+        checked every quarter of it, at most every 30 s, while the factory listens.
+        ``sasl_users``: every connection must authenticate with SASL first (None: no SASL)."""
+        self.sasl_users = sasl_users
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.reactor = reactor

@@ -1,0 +1,257 @@
+"""SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) on both Kafka listeners, with real clients:
+confluent-kafka, kafka-python, aiokafka and kcat authenticate and then produce and consume;
+wrong passwords, unknown users and unauthenticated requests are refused, and the daemon keeps
+serving everyone else."""
+
+import asyncio
+import shutil
+import socket
+import struct
+import subprocess
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from conftest import HOST, BrokerProcess, make_self_signed, start_broker
+
+USERS = "alice:alice-secret,bob:b0b:with:colons"
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@pytest.fixture(scope="module")
+def sasl_broker(tmp_path_factory) -> BrokerProcess:
+    tmp = tmp_path_factory.mktemp("sasl")
+    cert, key = make_self_signed(tmp)
+    b = start_broker(tmp, env={
+        "CONNECTORS_KAFKA_SASL_MECHANISMS": ",".join(MECHANISMS),
+        "CONNECTORS_KAFKA_SASL_USERS": USERS,
+        "KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
+    b.cert = cert  # type: ignore[attr-defined]
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def settings(b: BrokerProcess, mechanism: str, user: str = "alice",
+             password: str = "alice-secret", tls: bool = False) -> dict:
+    out = {"bootstrap.servers": f"{HOST}:{b.tls_port if tls else b.kafka_port}",
+           "security.protocol": "SASL_SSL" if tls else "SASL_PLAINTEXT",
+           "sasl.mechanisms": mechanism, "sasl.username": user, "sasl.password": password}
+    if tls:
+        out["ssl.ca.location"] = str(b.cert)
+    return out
+
+
+def round_trip(common: dict, topic: str, n: int = 20) -> list[bytes]:
+    p = Producer({**common, "acks": "all"})
+    for i in range(n):
+        p.produce(topic, value=b"v%d" % i)
+    assert p.flush(20) == 0
+    c = Consumer({**common, "group.id": "g-" + topic, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got: list[bytes] = []
+    for _ in range(60):
+        msg = c.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+        if len(got) == n:
+            break
+    c.close()
+    return got
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("tls", [False, True], ids=["sasl_plaintext", "sasl_ssl"])
+def test_confluent_kafka_authenticates_then_produces_and_consumes(sasl_broker, mechanism, tls):
+    topic = f"sasl-{mechanism.lower()}-{'ssl' if tls else 'plain'}"
+    got = round_trip(settings(sasl_broker, mechanism, tls=tls), topic)
+    assert got == [b"v%d" % i for i in range(20)]
+
+
+def test_a_password_with_colons_and_every_user_work(sasl_broker):
+    common = settings(sasl_broker, "SCRAM-SHA-256", "bob", "b0b:with:colons")
+    assert round_trip(common, "sasl-bob", 3) == [b"v0", b"v1", b"v2"]
+
+
+def auth_errors(common: dict) -> list[KafkaError]:
+    """The errors a client reports while it tries to connect with ``common`` for a while."""
+    errors: list[KafkaError] = []
+    p = Producer({**common, "error_cb": errors.append, "reconnect.backoff.ms": 500})
+    for _ in range(20):
+        p.poll(0.25)
+        if errors:
+            break
+    return errors
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("user,password", [("alice", "wrong"), ("mallory", "alice-secret")])
+def test_wrong_credentials_fail_with_an_authentication_error(sasl_broker, mechanism, user,
+                                                             password):
+    errors = auth_errors(settings(sasl_broker, mechanism, user, password))
+    assert errors and errors[0].code() == KafkaError._AUTHENTICATION, errors
+    assert "Authentication failed" in errors[0].str()
+    # The daemon goes on serving a client that knows its password.
+    ok = AdminClient(settings(sasl_broker, mechanism))
+    assert ok.list_topics(timeout=10).brokers
+
+
+def test_a_mechanism_not_enabled_is_refused(tmp_path):
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_SASL_MECHANISMS": "SCRAM-SHA-512",
+                                    "CONNECTORS_KAFKA_SASL_USERS": USERS})
+    try:
+        errors = auth_errors(settings(b, "PLAIN"))
+        assert errors and "SCRAM-SHA-512" in errors[0].str(), errors
+        assert AdminClient(settings(b, "SCRAM-SHA-512")).list_topics(timeout=10).brokers
+    finally:
+        b.stop()
+
+
+def _frame(api_key: int, version: int, body: bytes, correlation: int = 1) -> bytes:
+    head = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
+    if version >= 2 and api_key == 18:
+        head += b"\x00"  # flexible header: no tagged fields
+    return struct.pack(">i", len(head + body)) + head + body
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+    return sock.recv(size, socket.MSG_WAITALL)
+
+
+def closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(4) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_requests_before_authentication_close_the_connection(sasl_broker):
+    """ApiVersions is answered (and lists the SASL APIs); Metadata before SASL closes the
+    connection; so does a large frame; plain clients fail while SASL clients still work."""
+    with socket.create_connection((HOST, sasl_broker.kafka_port), timeout=5) as s:
+        s.sendall(_frame(18, 0, b""))
+        body = _read_frame(s)
+        _correlation, error, count = struct.unpack_from(">ihi", body, 0)
+        assert error == 0
+        keys = {struct.unpack_from(">hhh", body, 10 + 6 * i)[0] for i in range(count)}
+        assert {17, 36} <= keys
+        s.sendall(_frame(3, 1, struct.pack(">i", -1)))  # Metadata v1, all topics
+        assert closed(s)
+    with socket.create_connection((HOST, sasl_broker.kafka_port), timeout=5) as s:
+        s.sendall(struct.pack(">i", 10 << 20) + b"\x00" * 1024)
+        assert closed(s)
+    errors: list[KafkaError] = []
+    plain = AdminClient({"bootstrap.servers": f"{HOST}:{sasl_broker.kafka_port}",
+                         "error_cb": errors.append})
+    with pytest.raises(KafkaException):
+        plain.list_topics(timeout=2)
+    assert AdminClient(settings(sasl_broker, "PLAIN")).list_topics(timeout=10).brokers
+
+
+def test_kafka_python_authenticates_with_each_mechanism(sasl_broker):
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import KafkaError as KPError
+
+    for mechanism in MECHANISMS:
+        topic = f"kp-sasl-{mechanism.lower()}"
+        common = dict(bootstrap_servers=f"{HOST}:{sasl_broker.kafka_port}",
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism,
+                      sasl_plain_username="alice", sasl_plain_password="alice-secret")
+        p = KafkaProducer(acks="all", **common)
+        for i in range(5):
+            p.send(topic, b"m%d" % i).get(timeout=10)
+        p.close()
+        c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=4000, **common)
+        assert [m.value for m in c] == [b"m%d" % i for i in range(5)]
+        c.close()
+    with pytest.raises(KPError):
+        KafkaProducer(bootstrap_servers=f"{HOST}:{sasl_broker.kafka_port}",
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                      sasl_plain_username="alice", sasl_plain_password="nope",
+                      max_block_ms=3000, request_timeout_ms=3000)
+
+
+def test_aiokafka_authenticates_with_scram(sasl_broker):
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    async def run() -> list[bytes]:
+        common = dict(bootstrap_servers=f"{HOST}:{sasl_broker.kafka_port}",
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                      sasl_plain_username="alice", sasl_plain_password="alice-secret")
+        p = AIOKafkaProducer(acks="all", **common)
+        await p.start()
+        try:
+            for i in range(5):
+                await p.send_and_wait("aio-sasl", b"a%d" % i)
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer("aio-sasl", auto_offset_reset="earliest", **common)
+        await c.start()
+        got: list[bytes] = []
+        try:
+            while len(got) < 5:
+                batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 15)
+                for msgs in batch.values():
+                    got.extend(m.value for m in msgs)
+        finally:
+            await c.stop()
+        return got
+
+    assert asyncio.run(run()) == [b"a%d" % i for i in range(5)]
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
+def test_kcat_authenticates_with_plain_and_scram(sasl_broker):
+    for mechanism in ("PLAIN", "SCRAM-SHA-256"):
+        topic = f"kcat-sasl-{uuid.uuid4().hex[:6]}"
+        auth = ["-b", f"{HOST}:{sasl_broker.kafka_port}", "-X", "security.protocol=SASL_PLAINTEXT",
+                "-X", f"sasl.mechanisms={mechanism}", "-X", "sasl.username=alice",
+                "-X", "sasl.password=alice-secret"]
+        subprocess.run(["kcat", *auth, "-P", "-t", topic], input=b"one\ntwo\n", check=True,
+                       timeout=30)
+        out = subprocess.run(["kcat", *auth, "-C", "-t", topic, "-o", "beginning", "-e", "-q"],
+                             capture_output=True, check=True, timeout=30)
+        assert out.stdout.split() == [b"one", b"two"]
+
+
+def test_bad_sasl_settings_stop_start_up_with_one_line(tmp_path):
+    for env, needle in [
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "GSSAPI", "CONNECTORS_KAFKA_SASL_USERS": USERS},
+         "CONNECTORS_KAFKA_SASL_MECHANISMS"),
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "PLAIN"}, "CONNECTORS_KAFKA_SASL_USERS"),
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "PLAIN",
+          "CONNECTORS_KAFKA_SASL_USERS": "alice"}, "CONNECTORS_KAFKA_SASL_USERS"),
+    ]:
+        d = tmp_path / uuid.uuid4().hex
+        d.mkdir()
+        b = start_broker(d, env=env, wait=False)
+        assert b.proc.wait(30) != 0
+        lines = [line for line in b.log().splitlines() if "invalid setting" in line]
+        assert len(lines) == 1 and needle in lines[0], b.log()
+        assert "alice-secret" not in b.log()
+
+
+def _string(text: str) -> bytes:
+    return struct.pack(">h", len(text)) + text.encode()
+
+
+@pytest.mark.parametrize("password,accepted", [("alice-secret", True), ("wrong", False)])
+def test_v0_handshake_then_bare_tokens(sasl_broker, password, accepted):
+    """SaslHandshake v0 (clients older than SaslAuthenticate): the token travels bare."""
+    with socket.create_connection((HOST, sasl_broker.kafka_port), timeout=5) as s:
+        s.sendall(_frame(17, 0, _string("PLAIN"), correlation=7))
+        body = _read_frame(s)
+        correlation, error = struct.unpack_from(">ih", body, 0)
+        assert (correlation, error) == (7, 0)
+        token = b"\0alice\0" + password.encode()
+        s.sendall(struct.pack(">i", len(token)) + token)
+        if not accepted:
+            assert closed(s)
+            return
+        assert s.recv(4, socket.MSG_WAITALL) == struct.pack(">i", 0)  # PLAIN's empty answer
+        s.sendall(_frame(3, 1, struct.pack(">i", -1), correlation=8))  # Metadata v1
+        assert struct.unpack_from(">i", _read_frame(s))[0] == 8
