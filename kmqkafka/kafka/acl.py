@@ -3,7 +3,9 @@
 Every client may do everything, so the authorized-operations fields (Metadata, DescribeCluster,
 DescribeGroups, ConsumerGroupDescribe) carry every operation of the resource type when asked;
 the ACL APIs DescribeAcls (29), CreateAcls (30) and DeleteAcls (31) answer SECURITY_DISABLED;
-DescribeUserScramCredentials (50) knows no users. ElectLeaders (43) lives here too: with one
+DescribeUserScramCredentials (50) lists the configured SASL users when SCRAM is on
+(``net/sasl.py``; users come from the settings, so AlterUserScramCredentials is not served).
+ElectLeaders (43) lives here too: with one
 leader for every partition there is never an election to run, so each named partition answers
 ELECTION_NOT_NEEDED, as Kafka does when the preferred replica already leads (the leader
 is listed first, as the preferred replica: ``identity.replicas``).
@@ -96,23 +98,34 @@ def elect_leaders(request: Any, ctx: RequestContext) -> Any:
 
 
 def describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
-    """No SCRAM users exist: all users (null or empty) is an empty answer; a named user is
-    RESOURCE_NOT_FOUND, as Kafka reports one without credentials, and a user named twice is
-    one DUPLICATE_RESOURCE row."""
+    """The SCRAM users are the configured SASL users when a SCRAM mechanism is on (one
+    credential per enabled SCRAM mechanism), else none. All users (null or empty) lists them;
+    a named user without credentials is RESOURCE_NOT_FOUND, as in Kafka, and a user named
+    twice is one DUPLICATE_RESOURCE row."""
     t = types_of(ctx)
+    sasl = ctx.broker.extras.get("sasl") if ctx.broker is not None else None
+    known: dict[str, tuple[tuple[int, int], ...]] = sasl.scram_credentials() if sasl else {}
+
+    def row(name: str, count: int) -> Any:
+        if count > 1:
+            return make(t.DescribeUserScramCredentialsResult, user=name,
+                        error_code=ErrorCode.duplicate_resource, credential_infos=(),
+                        error_message=f"Cannot describe SCRAM credentials for the same user "
+                                      f"twice in a single request: {name}")
+        if name not in known:
+            return make(t.DescribeUserScramCredentialsResult, user=name,
+                        error_code=ErrorCode.resource_not_found, credential_infos=(),
+                        error_message=f"Attempt to describe a user credential that does not "
+                                      f"exist: {name}")
+        return make(t.DescribeUserScramCredentialsResult, user=name, error_code=ErrorCode.none,
+                    error_message=None, credential_infos=tuple(
+                        make(t.CredentialInfo, mechanism=m, iterations=i)
+                        for m, i in known[name]))
+
     named = Counter(u.name for u in request.users or ())
-    results = tuple(
-        make(t.DescribeUserScramCredentialsResult, user=name,
-             error_code=ErrorCode.resource_not_found, credential_infos=(),
-             error_message=f"Attempt to describe a user credential that does not exist: {name}")
-        if count == 1 else
-        make(t.DescribeUserScramCredentialsResult, user=name,
-             error_code=ErrorCode.duplicate_resource, credential_infos=(),
-             error_message=f"Cannot describe SCRAM credentials for the same user twice in a "
-                           f"single request: {name}")
-        for name, count in named.items())
+    asked = named.items() if named else ((name, 1) for name in known)
     return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
-                error_message=None, results=results)
+                error_message=None, results=tuple(row(name, n) for name, n in asked))
 
 
 def register(dispatcher: Dispatcher) -> None:

@@ -31,6 +31,7 @@ __all__ = ["AuthenticationFailed", "IllegalSaslState", "SaslSession", "SaslUsers
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 _BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 SCRAM_ITERATIONS = 4096
+_SCRAM_CODES = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}  # Kafka's ScramMechanism type codes
 log = Logger()
 
 
@@ -66,6 +67,13 @@ class SaslUsers:
         # What this node's own relayed requests (``net/forward.py``) authenticate with: the
         # first user and mechanism configured, the same on every node of a cluster.
         self.node_credentials = (mechanisms[0], users[0][0], users[0][1])
+
+    def scram_credentials(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        """Per user, (Kafka's ScramMechanism code, iterations) of each enabled SCRAM mechanism
+        (DescribeUserScramCredentials)."""
+        codes = tuple(_SCRAM_CODES[m] for m in self.mechanisms if m in _SCRAM_CODES)
+        return {name: tuple((code, SCRAM_ITERATIONS) for code in codes)
+                for name in self.names} if codes else {}
 
     def session(self) -> "SaslSession":
         return SaslSession(self)

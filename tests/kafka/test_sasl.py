@@ -11,7 +11,7 @@ import subprocess
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from conftest import HOST, BrokerProcess, make_self_signed, start_broker
@@ -255,3 +255,18 @@ def test_v0_handshake_then_bare_tokens(sasl_broker, password, accepted):
         assert s.recv(4, socket.MSG_WAITALL) == struct.pack(">i", 0)  # PLAIN's empty answer
         s.sendall(_frame(3, 1, struct.pack(">i", -1), correlation=8))  # Metadata v1
         assert struct.unpack_from(">i", _read_frame(s))[0] == 8
+
+
+def test_describe_user_scram_credentials_lists_the_configured_users(sasl_broker):
+    from confluent_kafka.admin import ScramMechanism
+
+    admin = AdminClient(settings(sasl_broker, "SCRAM-SHA-512"))
+    described = admin.describe_user_scram_credentials().result(10)
+    assert sorted(described) == ["alice", "bob"]
+    infos = described["alice"].scram_credential_infos
+    assert sorted((i.mechanism, i.iterations) for i in infos) == [
+        (ScramMechanism.SCRAM_SHA_256, 4096), (ScramMechanism.SCRAM_SHA_512, 4096)]
+    (future,) = admin.describe_user_scram_credentials(["mallory"]).values()
+    with pytest.raises(KafkaException) as e:
+        future.result(10)
+    assert e.value.args[0].code() == KafkaError.RESOURCE_NOT_FOUND
