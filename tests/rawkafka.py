@@ -58,6 +58,27 @@ class RawClient:
         self.send(request)
         return self.receive(request)
 
+    def authenticate(self, mechanism: str, user: str, password: str) -> Any:
+        """SASL over SaslHandshake v1 and SaslAuthenticate v2; returns the last response."""
+        from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
+        from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+        from kmqkafka.net.sasl import client_steps
+
+        r = self.call(SaslHandshakeRequest(mechanism=mechanism))
+        if r.error_code != 0:
+            return r
+        steps = client_steps(mechanism, user, password)
+        token = next(steps)
+        while True:
+            r = self.call(SaslAuthenticateRequest(auth_bytes=token))
+            if r.error_code != 0:
+                return r
+            try:
+                token = steps.send(bytes(r.auth_bytes))
+            except StopIteration:
+                return r
+
     def _exact(self, n: int) -> bytes:
         out = bytearray()
         while len(out) < n:

@@ -1,0 +1,85 @@
+"""SASL on a 3-node cluster: clients authenticate with any node, and the group calls a
+follower relays to the leader travel on a connection that authenticates too (as the first
+configured user), so nothing is refused for want of credentials between the nodes."""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Iterator
+
+import pytest
+
+from tests.raft.test_kafka_cluster import Cluster
+from tests.rawkafka import RawClient
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+from kio.schema.errors import ErrorCode as E  # noqa: E402
+
+USERS = "relay:relay-secret,carol:carol-secret"
+
+
+def req(api: str, version: int, name: str) -> Any:
+    return getattr(importlib.import_module(f"kio.schema.{api}.v{version}.request"), name)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("sasl-cluster"), env={
+        "CONNECTORS_KAFKA_SASL_MECHANISMS": "SCRAM-SHA-256,PLAIN",
+        "CONNECTORS_KAFKA_SASL_USERS": USERS})
+    try:
+        c.leader()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_group_calls_a_follower_relays_authenticate_with_the_leader(cluster: Cluster):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": cluster.all(), "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanisms": "PLAIN", "sasl.username": "carol",
+                         "sasl.password": "carol-secret"})
+    admin.create_topics([NewTopic("st", 1)])["st"].result(30)
+    follower = cluster.follower()
+    Oc = req("offset_commit", 7, "OffsetCommitRequest")
+    Oct = req("offset_commit", 7, "OffsetCommitRequestTopic")
+    Ocp = req("offset_commit", 7, "OffsetCommitRequestPartition")
+    Of = req("offset_fetch", 7, "OffsetFetchRequest")
+    Oft = req("offset_fetch", 7, "OffsetFetchRequestTopic")
+    with RawClient(cluster.kafka_ports[follower]) as raw:
+        assert raw.authenticate("SCRAM-SHA-256", "carol", "carol-secret").error_code == E.none
+        r = raw.call(Oc(group_id="sg", generation_id_or_member_epoch=-1, member_id="",
+                        group_instance_id=None, topics=(Oct(name="st", partitions=(Ocp(
+                            partition_index=0, committed_offset=7, committed_leader_epoch=-1,
+                            committed_metadata=""),)),)))
+        assert r.topics[0].partitions[0].error_code == E.none
+        r = raw.call(Of(group_id="sg", topics=(Oft(name="st", partition_indexes=(0,)),),
+                        require_stable=False))
+        assert r.topics[0].partitions[0].committed_offset == 7
+    leader_log = cluster.brokers[cluster.leader()].log()
+    assert "before SASL authentication" not in leader_log
+
+
+def test_a_consumer_group_through_a_follower_bootstrap(cluster: Cluster):
+    from confluent_kafka import Consumer, Producer
+
+    common = {"bootstrap.servers": cluster.bootstrap(cluster.follower()),
+              "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-256",
+              "sasl.username": "carol", "sasl.password": "carol-secret"}
+    p = Producer({**common, "acks": "all"})
+    for i in range(10):
+        p.produce("sasl-cluster", value=b"c%d" % i)
+    assert p.flush(30) == 0
+    c = Consumer({**common, "group.id": "scg", "auto.offset.reset": "earliest"})
+    c.subscribe(["sasl-cluster"])
+    got: list[bytes] = []
+    for _ in range(80):
+        msg = c.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+        if len(got) == 10:
+            break
+    c.commit(asynchronous=False)
+    c.close()
+    assert got == [b"c%d" % i for i in range(10)]
