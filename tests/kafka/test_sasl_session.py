@@ -1,0 +1,81 @@
+"""The SASL state machine of one connection (``net/sasl.py``), without sockets."""
+
+import pytest
+from scramp import ScramClient
+
+from kmqkafka.net.sasl import (
+    AuthenticationFailed, IllegalSaslState, SaslUsers, client_steps,
+)
+
+USERS = SaslUsers(("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), (("alice", "pw"), ("b,o=b", "x")))
+
+
+def run(mechanism: str, user: str, password: str):
+    session = USERS.session()
+    assert session.handshake(mechanism)
+    steps = client_steps(mechanism, user, password)
+    token = next(steps)
+    while True:
+        reply = session.authenticate(token)
+        try:
+            token = steps.send(reply)
+        except StopIteration:
+            return session
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_each_mechanism_authenticates_and_names_the_principal(mechanism):
+    session = run(mechanism, "b,o=b", "x")  # SCRAM escapes ',' and '=' in the name
+    assert session.authenticated and session.principal == "User:b,o=b"
+    assert session.allows(3)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_a_wrong_password_fails_the_session(mechanism):
+    with pytest.raises(AuthenticationFailed):
+        run(mechanism, "alice", "nope")
+
+
+def test_nothing_but_the_sasl_apis_before_authentication():
+    session = USERS.session()
+    assert [session.allows(k) for k in (18, 17, 36, 0, 1, 3)] == [True] * 3 + [False] * 3
+    with pytest.raises(IllegalSaslState):
+        session.authenticate(b"\0alice\0pw")  # no handshake yet
+    assert not session.handshake("GSSAPI")
+    assert session.handshake("PLAIN")
+    with pytest.raises(IllegalSaslState):
+        session.handshake("PLAIN")  # one handshake per connection
+
+
+def test_plain_refuses_another_authorization_id_and_malformed_tokens():
+    for token in (b"bob\0alice\0pw", b"alice\0pw", b"\0alice\0", b"\0\xff\0pw"):
+        session = USERS.session()
+        session.handshake("PLAIN")
+        with pytest.raises(AuthenticationFailed):
+            session.authenticate(token)
+        assert session.failed
+    session = USERS.session()
+    session.handshake("PLAIN")
+    session.authenticate(b"alice\0alice\0pw")  # the same id as the user is fine
+    assert session.authenticated
+
+
+def test_a_client_final_nonce_that_ends_with_the_servers_is_taken_as_kafka_does():
+    """librdkafka 2.0 (Debian's kcat) sends its own nonce in front of the server-first one."""
+    session = USERS.session()
+    session.handshake("SCRAM-SHA-256")
+    client = ScramClient(["SCRAM-SHA-256"], "alice", "pw")
+    first = client.get_client_first()
+    client_nonce = first.rpartition("r=")[2]
+    client.set_server_first(session.authenticate(first.encode()).decode())
+    # Its final message (and so its proof) carries client nonce + server-first nonce.
+    client.nonce = type(client.nonce)(client_nonce + str(client.nonce))
+    final = client.get_client_final()
+    assert final.count(client_nonce) == 2
+    session.authenticate(final.encode())
+    assert session.authenticated
+
+
+def test_scram_credentials_follow_the_enabled_mechanisms():
+    assert USERS.scram_credentials()["alice"] == ((1, 4096), (2, 4096))
+    assert SaslUsers(("PLAIN",), (("alice", "pw"),)).scram_credentials() == {}
