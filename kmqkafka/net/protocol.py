@@ -54,6 +54,7 @@ from kmqkafka.net import fast_bodies, fast_requests, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 
 MAX_IN_FLIGHT = 64
+FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 SASL_MAX_FRAME_BYTES = 512 << 10  # Kafka's sasl.server.max.receive.size, before authentication
 RESUME_IN_FLIGHT = 16
 MAX_FETCHES_IN_FLIGHT = 2
@@ -451,9 +452,12 @@ class KafkaProtocol(Protocol):
         if out:
             self._write(out)
         if self.sasl is not None and self.sasl.failed:
-            # Refused credentials: the answer says why, then the connection closes (Kafka).
+            # Refused credentials: the answer says why, then the connection closes, a little
+            # later (Kafka's connection.failed.authentication.delay.ms): a client that sees
+            # the close before it has read the answer reports a lost socket instead.
             self._closing = True
-            self.transport.loseConnection()
+            self.factory.reactor.callLater(FAILED_AUTHENTICATION_DELAY_S,
+                                           self.transport.loseConnection)
             return
         if len(self._pending) <= RESUME_IN_FLIGHT:
             self.hold_reading("in_flight", False)
