@@ -3,12 +3,11 @@ follower relays to the leader travel on a connection that authenticates too (as 
 configured user), so nothing is refused for want of credentials between the nodes."""
 from __future__ import annotations
 
-import importlib
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from tests.raft.test_kafka_cluster import Cluster
+from tests.raft.test_kafka_cluster import Cluster, req
 from tests.rawkafka import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -16,10 +15,6 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from kio.schema.errors import ErrorCode as E  # noqa: E402
 
 USERS = "relay:relay-secret,carol:carol-secret"
-
-
-def req(api: str, version: int, name: str) -> Any:
-    return getattr(importlib.import_module(f"kio.schema.{api}.v{version}.request"), name)
 
 
 @pytest.fixture(scope="module")
