@@ -24,6 +24,7 @@ from kmqkafka.kafka import (
     share_offsets, transactions,
 )
 from kmqkafka.kafka.context import Broker
+from kmqkafka.kafka.scram_credentials import ScramCredentials
 from kmqkafka.kafka import quotas
 from kmqkafka.kafka.topics import TopicCatalog, connections_that_fit, partition_budget
 from kmqkafka.metrics import Metrics
@@ -56,7 +57,7 @@ class Options(usage.Options):
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
     offsets, consumer_groups, quorum, placement, config_resources, transactions, share_groups,
-    share_offsets,
+    share_offsets, security,
 )
 
 
@@ -114,9 +115,11 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     transactions.install(broker)  # broker.extras["transactions"]; times out open ones
     share_groups.install(broker)  # broker.extras["share_groups"] (KIP-932)
     register_handlers(dispatcher)
+    broker.extras["scram"] = ScramCredentials(store)  # AlterUserScramCredentials' store
     sasl_users = None
     if settings.kafka_enable and settings.kafka_sasl_mechanisms:
-        sasl_users = SaslUsers(settings.kafka_sasl_mechanisms, settings.kafka_sasl_users)
+        sasl_users = SaslUsers(settings.kafka_sasl_mechanisms, settings.kafka_sasl_users,
+                               stored=broker.extras["scram"])
         broker.extras["sasl"] = sasl_users  # the forwarder authenticates its relays with it
     security.register_sasl(dispatcher, sasl_users)
     quotas.install(dispatcher, settings, reactor)

@@ -2,10 +2,8 @@
 
 Every client may do everything, so the authorized-operations fields (Metadata, DescribeCluster,
 DescribeGroups, ConsumerGroupDescribe) carry every operation of the resource type when asked;
-the ACL APIs DescribeAcls (29), CreateAcls (30) and DeleteAcls (31) answer SECURITY_DISABLED;
-DescribeUserScramCredentials (50) lists the configured SASL users when SCRAM is on
-(``net/sasl.py``; users come from the settings, so AlterUserScramCredentials is not served).
-ElectLeaders (43) lives here too: with one
+the ACL APIs DescribeAcls (29), CreateAcls (30) and DeleteAcls (31) answer SECURITY_DISABLED
+(the SCRAM credential APIs live in ``security.py``). ElectLeaders (43) lives here too: with one
 leader for every partition there is never an election to run, so each named partition answers
 ELECTION_NOT_NEEDED, as Kafka does when the preferred replica already leads (the leader
 is listed first, as the preferred replica: ``identity.replicas``).
@@ -13,7 +11,6 @@ is listed first, as the preferred replica: ``identity.replicas``).
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -25,7 +22,6 @@ from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 DESCRIBE_ACLS, CREATE_ACLS, DELETE_ACLS = 29, 30, 31
 ELECT_LEADERS = 43
-DESCRIBE_USER_SCRAM_CREDENTIALS = 50
 
 NOT_REQUESTED = -2147483648  # the authorized-operations value when a client did not ask
 
@@ -97,40 +93,8 @@ def elect_leaders(request: Any, ctx: RequestContext) -> Any:
                 replica_election_results=tuple(out))
 
 
-def describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
-    """The SCRAM users are the configured SASL users when a SCRAM mechanism is on (one
-    credential per enabled SCRAM mechanism), else none. All users (null or empty) lists them;
-    a named user without credentials is RESOURCE_NOT_FOUND, as in Kafka, and a user named
-    twice is one DUPLICATE_RESOURCE row."""
-    t = types_of(ctx)
-    sasl = ctx.broker.extras.get("sasl") if ctx.broker is not None else None
-    known: dict[str, tuple[tuple[int, int], ...]] = sasl.scram_credentials() if sasl else {}
-
-    def row(name: str, count: int) -> Any:
-        if count > 1:
-            return make(t.DescribeUserScramCredentialsResult, user=name,
-                        error_code=ErrorCode.duplicate_resource, credential_infos=(),
-                        error_message=f"Cannot describe SCRAM credentials for the same user "
-                                      f"twice in a single request: {name}")
-        if name not in known:
-            return make(t.DescribeUserScramCredentialsResult, user=name,
-                        error_code=ErrorCode.resource_not_found, credential_infos=(),
-                        error_message=f"Attempt to describe a user credential that does not "
-                                      f"exist: {name}")
-        return make(t.DescribeUserScramCredentialsResult, user=name, error_code=ErrorCode.none,
-                    error_message=None, credential_infos=tuple(
-                        make(t.CredentialInfo, mechanism=m, iterations=i)
-                        for m, i in known[name]))
-
-    named = Counter(u.name for u in request.users or ())
-    asked = named.items() if named else ((name, 1) for name in known)
-    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
-                error_message=None, results=tuple(row(name, n) for name, n in asked))
-
-
 def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(DESCRIBE_ACLS, describe_acls, 1, 3)
     dispatcher.register(CREATE_ACLS, create_acls, 1, 3)
     dispatcher.register(DELETE_ACLS, delete_acls, 1, 3)
     dispatcher.register(ELECT_LEADERS, elect_leaders, 0, 2)
-    dispatcher.register(DESCRIBE_USER_SCRAM_CREDENTIALS, describe_user_scram_credentials, 0, 0)

@@ -1,5 +1,7 @@
 """SaslHandshake (17) and SaslAuthenticate (36): a connection proves who it is before anything
-else (``net/sasl.py`` holds the mechanisms and the per-connection state).
+else (``net/sasl.py`` holds the mechanisms and the per-connection state). Beside them the SCRAM
+credential APIs, DescribeUserScramCredentials (50) and AlterUserScramCredentials (51), served
+whether SASL is on or not, as Kafka does (``scram_credentials.py`` stores what they change).
 
 Registered only when SASL is on (``CONNECTORS_KAFKA_SASL_MECHANISMS``), so ApiVersions
 advertises them exactly when they work. After SaslHandshake v1 the exchange travels in
@@ -12,6 +14,7 @@ then the connection closes, as Kafka does. Authenticated sessions never expire
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -19,12 +22,15 @@ from kio.static.primitive import i64Timedelta
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka.context import RequestContext
-from kmqkafka.kafka.wire import make
+from kmqkafka.kafka.scram_credentials import ScramCredentials
+from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.net.sasl import (
     SASL_AUTHENTICATE, SASL_HANDSHAKE, AuthenticationFailed, IllegalSaslState, SaslUsers,
 )
 
-__all__ = ["register_sasl"]
+__all__ = ["register", "register_sasl"]
+
+DESCRIBE_USER_SCRAM_CREDENTIALS, ALTER_USER_SCRAM_CREDENTIALS = 50, 51
 
 _NO_EXPIRY = i64Timedelta.parse(datetime.timedelta(0))
 
@@ -59,6 +65,66 @@ def sasl_authenticate(request: Any, ctx: RequestContext) -> Any:
 def _refused(ctx: RequestContext, code: ErrorCode, message: str) -> Any:
     return make(ctx.response_type, error_code=code, error_message=message, auth_bytes=b"",
                 session_lifetime=_NO_EXPIRY)
+
+
+def _known_credentials(ctx: RequestContext) -> dict[str, tuple[tuple[int, int], ...]]:
+    """user -> ((mechanism code, iterations), ...): the configured users for each enabled SCRAM
+    mechanism, with what an admin stored in their place or beside them."""
+    extras = ctx.broker.extras
+    sasl: SaslUsers | None = extras.get("sasl")
+    known = dict(sasl.scram_credentials()) if sasl is not None else {}
+    for user, stored in extras["scram"].described().items():
+        merged = dict(known.get(user, ()))
+        merged.update(stored)
+        known[user] = tuple(sorted(merged.items()))
+    return known
+
+
+def describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
+    """All users (null or empty) lists every user with a credential; a named user without
+    one is RESOURCE_NOT_FOUND, as in Kafka, and a user named twice is one DUPLICATE_RESOURCE
+    row."""
+    t = types_of(ctx)
+    known = _known_credentials(ctx)
+
+    def row(name: str, count: int) -> Any:
+        if count > 1:
+            return make(t.DescribeUserScramCredentialsResult, user=name,
+                        error_code=ErrorCode.duplicate_resource, credential_infos=(),
+                        error_message=f"Cannot describe SCRAM credentials for the same user "
+                                      f"twice in a single request: {name}")
+        if name not in known:
+            return make(t.DescribeUserScramCredentialsResult, user=name,
+                        error_code=ErrorCode.resource_not_found, credential_infos=(),
+                        error_message=f"Attempt to describe a user credential that does not "
+                                      f"exist: {name}")
+        return make(t.DescribeUserScramCredentialsResult, user=name, error_code=ErrorCode.none,
+                    error_message=None, credential_infos=tuple(
+                        make(t.CredentialInfo, mechanism=m, iterations=i)
+                        for m, i in known[name]))
+
+    named = Counter(u.name for u in request.users or ())
+    asked = named.items() if named else ((name, 1) for name in sorted(known))
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                error_message=None, results=tuple(row(name, n) for name, n in asked))
+
+
+def alter_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
+    t = types_of(ctx)
+    scram: ScramCredentials = ctx.broker.extras["scram"]
+
+    def answer(results: list) -> Any:
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, results=tuple(
+            make(t.AlterUserScramCredentialsResult, user=user, error_code=code,
+                 error_message=message)
+            for user, code, message in results))
+
+    return scram.alter(request.deletions, request.upsertions).addCallback(answer)
+
+
+def register(dispatcher: Dispatcher) -> None:
+    dispatcher.register(DESCRIBE_USER_SCRAM_CREDENTIALS, describe_user_scram_credentials, 0, 0)
+    dispatcher.register(ALTER_USER_SCRAM_CREDENTIALS, alter_user_scram_credentials, 0, 0)
 
 
 def register_sasl(dispatcher: Dispatcher, users: SaslUsers | None) -> None:

@@ -25,13 +25,13 @@ from scramp import ScramException, ScramMechanism
 from twisted.logger import Logger
 
 from kmqkafka.kafka.context import ANONYMOUS
+from kmqkafka.kafka.scram_credentials import CODES
 
 __all__ = ["AuthenticationFailed", "IllegalSaslState", "SaslSession", "SaslUsers", "client_steps"]
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 _BEFORE_AUTH = frozenset({API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 SCRAM_ITERATIONS = 4096
-_SCRAM_CODES = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}  # Kafka's ScramMechanism type codes
 log = Logger()
 
 
@@ -52,8 +52,12 @@ def _failed_message(mechanism: str) -> str:
 class SaslUsers:
     """The configured users and the mechanisms they may authenticate with."""
 
-    def __init__(self, mechanisms: tuple[str, ...], users: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, mechanisms: tuple[str, ...], users: tuple[tuple[str, str], ...],
+                 stored: Any = None) -> None:
+        """``stored``: the admin-set SCRAM credentials (``kafka.scram_credentials``), checked
+        before the configured users."""
         self.mechanisms = mechanisms
+        self.stored = stored
         self._plain = {name: hashlib.sha256(password.encode()).digest()
                        for name, password in users}
         self._scram: dict[str, tuple[ScramMechanism, dict[str, Any]]] = {}
@@ -71,7 +75,7 @@ class SaslUsers:
     def scram_credentials(self) -> dict[str, tuple[tuple[int, int], ...]]:
         """Per user, (Kafka's ScramMechanism code, iterations) of each enabled SCRAM mechanism
         (DescribeUserScramCredentials)."""
-        codes = tuple(_SCRAM_CODES[m] for m in self.mechanisms if m in _SCRAM_CODES)
+        codes = tuple(CODES[m] for m in self.mechanisms if m in CODES)
         return {name: tuple((code, SCRAM_ITERATIONS) for code in codes)
                 for name in self.names} if codes else {}
 
@@ -170,7 +174,9 @@ class SaslSession:
             if self._scram is None:
                 def lookup(user: str) -> Any:
                     self._scram_user = user
-                    return infos[user]
+                    stored = self._users.stored
+                    info = stored.auth_info(mechanism, user) if stored is not None else None
+                    return info if info is not None else infos[user]
 
                 server = m.make_server(lookup)
                 server.set_client_first(text)

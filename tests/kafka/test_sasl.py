@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from conftest import HOST, BrokerProcess, make_self_signed, start_broker
+from rawkafka import RawClient
 
 USERS = "alice:alice-secret,bob:b0b:with:colons"
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -278,3 +279,89 @@ def test_describe_user_scram_credentials_lists_the_configured_users(sasl_broker)
     with pytest.raises(KafkaException) as e:
         future.result(10)
     assert e.value.args[0].code() == KafkaError.RESOURCE_NOT_FOUND
+
+
+def test_scram_users_set_by_an_admin_authenticate_survive_a_restart_and_can_be_deleted(tmp_path):
+    """AlterUserScramCredentials (KIP-554) stores a credential the SCRAM exchange then checks;
+    it outlives a restart; deleting it refuses the user again."""
+    from confluent_kafka.admin import (
+        ScramCredentialInfo, ScramMechanism, UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_SASL_MECHANISMS": "SCRAM-SHA-256,PLAIN",
+                                    "CONNECTORS_KAFKA_SASL_USERS": "admin:admin-secret"})
+    try:
+        admin = AdminClient(settings(b, "PLAIN", "admin", "admin-secret"))
+        sha256 = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192)
+        futures = admin.alter_user_scram_credentials([
+            UserScramCredentialUpsertion("dave", sha256, b"dave-secret"),
+            UserScramCredentialUpsertion("admin", sha256, b"rotated"),  # replaces the config's
+            UserScramCredentialUpsertion("erin", ScramCredentialInfo(
+                ScramMechanism.SCRAM_SHA_256, 100), b"x"),  # too few iterations
+            UserScramCredentialDeletion("frank", ScramMechanism.SCRAM_SHA_256),  # none stored
+        ])
+        futures["dave"].result(10)
+        futures["admin"].result(10)
+        for user, code in (("erin", KafkaError.UNACCEPTABLE_CREDENTIAL),
+                           ("frank", KafkaError.RESOURCE_NOT_FOUND)):
+            with pytest.raises(KafkaException) as e:
+                futures[user].result(10)
+            assert e.value.args[0].code() == code, user
+        described = admin.describe_user_scram_credentials().result(10)
+        assert sorted(described) == ["admin", "dave"]
+        assert [(i.mechanism, i.iterations) for i in described["dave"].scram_credential_infos] \
+            == [(ScramMechanism.SCRAM_SHA_256, 8192)]
+
+        assert round_trip(settings(b, "SCRAM-SHA-256", "dave", "dave-secret"), "dave-t", 2) \
+            == [b"v0", b"v1"]
+        assert auth_errors(settings(b, "SCRAM-SHA-256", "admin", "admin-secret"))
+        assert not auth_errors(settings(b, "SCRAM-SHA-256", "admin", "rotated"))
+
+        b.stop()
+        b.restart()
+        admin = AdminClient(settings(b, "PLAIN", "admin", "admin-secret"))  # PLAIN: the config
+        assert not auth_errors(settings(b, "SCRAM-SHA-256", "dave", "dave-secret"))
+        admin.alter_user_scram_credentials([UserScramCredentialDeletion(
+            "dave", ScramMechanism.SCRAM_SHA_256)])["dave"].result(10)
+        errors = auth_errors(settings(b, "SCRAM-SHA-256", "dave", "dave-secret"))
+        assert errors and errors[0].code() == KafkaError._AUTHENTICATION
+    finally:
+        b.stop()
+
+
+def test_scram_credentials_can_be_set_without_sasl(tmp_path):
+    """As in Kafka, the credential APIs work whatever the listeners ask for."""
+    from confluent_kafka.admin import (
+        ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion,
+    )
+
+    b = start_broker(tmp_path)
+    try:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+            "gina", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"pw")])["gina"].result(10)
+        described = admin.describe_user_scram_credentials(["gina"])["gina"].result(10)
+        assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] \
+            == [(ScramMechanism.SCRAM_SHA_512, 4096)]
+
+        from kio.schema.alter_user_scram_credentials.v0 import request as m
+        from kio.schema.errors import ErrorCode
+
+        def up(name: str, mechanism: int = 1, iterations: int = 4096, salt: bytes = b"s"):
+            return m.ScramCredentialUpsertion(name=name, mechanism=mechanism,
+                                              iterations=iterations, salt=salt,
+                                              salted_password=b"p" * 32)
+        with RawClient(b.kafka_port) as raw:
+            r = raw.call(m.AlterUserScramCredentialsRequest(
+                deletions=(m.ScramCredentialDeletion(name="dup", mechanism=1),),
+                upsertions=(up("dup"), up(""), up("odd", mechanism=0), up("many", iterations=20000),
+                            up("nosalt", salt=b""), up("ok", 2), up("ok", 1))))
+        assert [(x.user, x.error_code) for x in r.results] == [
+            ("dup", ErrorCode.duplicate_resource), ("", ErrorCode.unacceptable_credential),
+            ("odd", ErrorCode.unsupported_sasl_mechanism),
+            ("many", ErrorCode.unacceptable_credential),
+            ("nosalt", ErrorCode.unacceptable_credential), ("ok", ErrorCode.none)]
+        assert sorted(admin.describe_user_scram_credentials().result(10)) == ["gina", "ok"]
+    finally:
+        b.stop()
