@@ -55,6 +55,13 @@ class Metrics:
             ["listener"],
             registry=registry,
         )
+        self.kafka_sasl_authentications = Counter(
+            "kmqkafka_kafka_sasl_authentications_total",
+            "SASL exchanges finished on Kafka connections, by mechanism and result "
+            "(success, failure)",
+            ["mechanism", "result"],
+            registry=registry,
+        )
         self.kafka_connections_refused = Counter(
             "kmqkafka_kafka_connections_refused_total",
             "Kafka connections closed at accept because the connection cap was reached",

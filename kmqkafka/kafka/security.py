@@ -54,12 +54,19 @@ def sasl_authenticate(request: Any, ctx: RequestContext) -> Any:
     try:
         reply = session.authenticate(bytes(request.auth_bytes))
     except AuthenticationFailed as e:
+        _count(ctx, session.mechanism, "failure")
         return _refused(ctx, ErrorCode.sasl_authentication_failed, str(e))
     except IllegalSaslState as e:
         session.failed = True
         return _refused(ctx, ErrorCode.illegal_sasl_state, str(e))
+    if session.authenticated:
+        _count(ctx, session.mechanism, "success")
     return make(ctx.response_type, error_code=ErrorCode.none, error_message=None,
                 auth_bytes=reply, session_lifetime=_NO_EXPIRY)
+
+
+def _count(ctx: RequestContext, mechanism: str | None, result: str) -> None:
+    ctx.broker.metrics.kafka_sasl_authentications.labels(mechanism or "", result).inc()
 
 
 def _refused(ctx: RequestContext, code: ErrorCode, message: str) -> Any:

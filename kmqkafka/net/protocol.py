@@ -366,11 +366,15 @@ class KafkaProtocol(Protocol):
         if self._pending:
             self._violation("sasl_state", "SASL token while requests are still answered")
             return
+        counter = self.factory.metrics.kafka_sasl_authentications
         try:
             reply = self.sasl.authenticate(bytes(frame))
         except Exception as e:  # AuthenticationFailed, IllegalSaslState
+            counter.labels(self.sasl.mechanism or "", "failure").inc()
             self._violation("sasl_failed", "SASL authentication failed: {why}", why=str(e))
             return
+        if self.sasl.authenticated:
+            counter.labels(self.sasl.mechanism or "", "success").inc()
         self._write([_PREFIX.pack(len(reply)), reply])
 
     def _start_waiting(self) -> None:

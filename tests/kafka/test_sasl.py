@@ -365,3 +365,16 @@ def test_scram_credentials_can_be_set_without_sasl(tmp_path):
         assert sorted(admin.describe_user_scram_credentials().result(10)) == ["gina", "ok"]
     finally:
         b.stop()
+
+
+def test_metrics_count_authentications_by_mechanism_and_result(sasl_broker):
+    from conftest import http_get
+
+    assert auth_errors(settings(sasl_broker, "SCRAM-SHA-512", "alice", "wrong"))
+    assert AdminClient(settings(sasl_broker, "SCRAM-SHA-512")).list_topics(timeout=10).brokers
+    text = http_get(sasl_broker.http_port, "/metrics").decode()
+    for result in ("success", "failure"):
+        line = next(x for x in text.splitlines() if x.startswith(
+            f'kmqkafka_kafka_sasl_authentications_total{{mechanism="SCRAM-SHA-512",'
+            f'result="{result}"}}'))
+        assert float(line.rpartition(" ")[2]) >= 1, line
