@@ -69,8 +69,11 @@ class SaslUsers:
                     for name, password in users})
         self.names = tuple(name for name, _ in users)
         # What this node's own relayed requests (``net/forward.py``) authenticate with: the
-        # first user and mechanism configured, the same on every node of a cluster.
-        self.node_credentials = (mechanisms[0], users[0][0], users[0][1])
+        # first configured user, the same on every node of a cluster; by PLAIN when it is on,
+        # as PLAIN checks only the configured password, which an admin's SCRAM change for
+        # that user leaves alone.
+        mechanism = "PLAIN" if "PLAIN" in mechanisms else mechanisms[0]
+        self.node_credentials = (mechanism, users[0][0], users[0][1])
 
     def scram_credentials(self) -> dict[str, tuple[tuple[int, int], ...]]:
         """Per user, (Kafka's ScramMechanism code, iterations) of each enabled SCRAM mechanism
