@@ -45,7 +45,9 @@ def sasl_handshake(request: Any, ctx: RequestContext) -> Any:
         code = ErrorCode.unsupported_sasl_mechanism
     except IllegalSaslState:
         code = ErrorCode.illegal_sasl_state
-    session.failed = True
+    # Refused before authentication: the connection closes after the answer. After it (a
+    # client trying KIP-368 re-authentication, which is not offered) Kafka keeps it open.
+    session.failed = not session.authenticated
     return make(ctx.response_type, error_code=code, mechanisms=mechanisms)
 
 
@@ -57,7 +59,7 @@ def sasl_authenticate(request: Any, ctx: RequestContext) -> Any:
         _count(ctx, session.mechanism, "failure")
         return _refused(ctx, ErrorCode.sasl_authentication_failed, str(e))
     except IllegalSaslState as e:
-        session.failed = True
+        session.failed = not session.authenticated
         return _refused(ctx, ErrorCode.illegal_sasl_state, str(e))
     if session.authenticated:
         _count(ctx, session.mechanism, "success")

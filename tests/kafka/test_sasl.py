@@ -378,3 +378,16 @@ def test_metrics_count_authentications_by_mechanism_and_result(sasl_broker):
             f'kmqkafka_kafka_sasl_authentications_total{{mechanism="SCRAM-SHA-512",'
             f'result="{result}"}}'))
         assert float(line.rpartition(" ")[2]) >= 1, line
+
+
+def test_sasl_requests_after_authentication_are_refused_but_keep_the_connection(sasl_broker):
+    """No KIP-368 re-authentication: ILLEGAL_SASL_STATE, as Kafka answers with it off."""
+    from kio.schema.errors import ErrorCode
+    from kio.schema.metadata.v1.request import MetadataRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    with RawClient(sasl_broker.kafka_port) as raw:
+        assert raw.authenticate("SCRAM-SHA-256", "alice", "alice-secret").error_code == 0
+        again = raw.call(SaslHandshakeRequest(mechanism="PLAIN"))
+        assert again.error_code == ErrorCode.illegal_sasl_state
+        assert raw.call(MetadataRequest(topics=None)).brokers
