@@ -41,7 +41,7 @@ class Setting:
     table: str
     key: str
     kind: str  # bool|port|port0|size|posint|posint0|host|path|optpath|peers|clientauth|
-    # mechanisms|users
+    # mechanisms|users|jwks|text
     default: Any
     help: str
 
@@ -133,12 +133,29 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kafka_sasl_mechanisms", "CONNECTORS_KAFKA_SASL_MECHANISMS",
             "kafka-sasl-mechanisms", "kafka", "sasl_mechanisms", "mechanisms", "",
             "SASL mechanisms clients must authenticate with, comma-separated: PLAIN, "
-            "SCRAM-SHA-256, SCRAM-SHA-512 (empty = no SASL); when set, the plaintext listener "
+            "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (empty = no SASL); when set, the plaintext listener "
             "is SASL_PLAINTEXT and the TLS listener SASL_SSL"),
     Setting("kafka_sasl_users", "CONNECTORS_KAFKA_SASL_USERS", "kafka-sasl-users", "kafka",
             "sasl_users", "users", "",
             "SASL users as name:password,... (in the TOML file also a table name = "
             "\"password\"); needed when sasl_mechanisms is set"),
+    Setting("kafka_sasl_oauthbearer_jwks_url", "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL",
+            "kafka-sasl-oauthbearer-jwks-url", "kafka", "sasl_oauthbearer_jwks_url", "jwks", "",
+            "where OAUTHBEARER tokens' signing keys are published (a JWKS, file:// or "
+            "http(s)://; Kafka's sasl.oauthbearer.jwks.endpoint.url); needed for OAUTHBEARER"),
+    Setting("kafka_sasl_oauthbearer_jwks_refresh_ms",
+            "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_REFRESH_MS",
+            "kafka-sasl-oauthbearer-jwks-refresh-ms", "kafka", "sasl_oauthbearer_jwks_refresh_ms",
+            "posint", 3600000, "how often (ms) the JWKS is read again"),
+    Setting("kafka_sasl_oauthbearer_expected_audience",
+            "CONNECTORS_KAFKA_SASL_OAUTHBEARER_EXPECTED_AUDIENCE",
+            "kafka-sasl-oauthbearer-expected-audience", "kafka",
+            "sasl_oauthbearer_expected_audience", "text", "",
+            "audiences a token must name one of, comma-separated (empty: not checked)"),
+    Setting("kafka_sasl_oauthbearer_expected_issuer",
+            "CONNECTORS_KAFKA_SASL_OAUTHBEARER_EXPECTED_ISSUER",
+            "kafka-sasl-oauthbearer-expected-issuer", "kafka", "sasl_oauthbearer_expected_issuer",
+            "text", "", "the issuer a token must name (empty: not checked)"),
     Setting("data_dir", "KMQKAFKA_DATA_DIR", "data-dir", "server", "data_dir", "path",
             "./kmq-data", "directory of the channel store"),
     Setting("page_cache_bytes", "KMQKAFKA_PAGE_CACHE_BYTES", "page-cache-bytes", "server",
@@ -291,6 +308,10 @@ class Settings:
     kafka_bind_host: str = "0.0.0.0"
     kafka_sasl_mechanisms: tuple[str, ...] = ()
     kafka_sasl_users: tuple[tuple[str, str], ...] = ()
+    kafka_sasl_oauthbearer_jwks_url: str = ""
+    kafka_sasl_oauthbearer_jwks_refresh_ms: int = 3600000
+    kafka_sasl_oauthbearer_expected_audience: str = ""
+    kafka_sasl_oauthbearer_expected_issuer: str = ""
     data_dir: Path = Path("./kmq-data")
     page_cache_bytes: int = 64 << 20
     http_port: int = 8080
@@ -367,8 +388,13 @@ def _parse(s: Setting, raw: Any) -> Any:
         return _users(raw, lambda why: ConfigError(f"invalid setting {_name(s)}: {why}"))
     if not isinstance(raw, str):
         raise bad("is not a string")
-    if s.kind == "peers":
+    if s.kind in ("peers", "text"):
         return raw.strip()
+    if s.kind == "jwks":
+        text = raw.strip()
+        if text and not text.startswith(("file://", "http://", "https://")):
+            raise bad("is not a file://, http:// or https:// URL")
+        return text
     if s.kind == "clientauth":
         text = raw.strip().lower()
         if text not in CLIENT_AUTH:
@@ -388,7 +414,7 @@ def _parse(s: Setting, raw: Any) -> Any:
     return Path(text)
 
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 def _mechanisms(raw: Any, bad: Any) -> tuple[str, ...]:
@@ -595,11 +621,23 @@ def load_settings(
             f"invalid setting {_name(_BY_ATTR['kafka_group_min_session_timeout_ms'])}: larger "
             f"than the maximum ({values['kafka_group_max_session_timeout_ms']} ms)"
         )
-    if values["kafka_sasl_mechanisms"] and not values["kafka_sasl_users"]:
+    mechanisms = values["kafka_sasl_mechanisms"]
+    with_users = [m for m in mechanisms if m != "OAUTHBEARER"]
+    if (with_users or (mechanisms and values["peers"])) and not values["kafka_sasl_users"]:
         raise ConfigError(
-            f"invalid setting {_name(_BY_ATTR['kafka_sasl_users'])}: SASL is enabled "
-            f"(CONNECTORS_KAFKA_SASL_MECHANISMS) but no user is configured"
-        )
+            f"invalid setting {_name(_BY_ATTR['kafka_sasl_users'])}: "
+            + (f"SASL {', '.join(with_users)} is enabled (CONNECTORS_KAFKA_SASL_MECHANISMS) "
+               f"but no user is configured" if with_users else
+               "a cluster's nodes relay requests to the leader as a configured user, by "
+               "PLAIN or SCRAM; configure one and enable one of those mechanisms"))
+    if mechanisms and values["peers"] and not with_users:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['kafka_sasl_mechanisms'])}: a cluster's nodes "
+            f"relay requests to the leader by PLAIN or SCRAM; enable one of them too")
+    if "OAUTHBEARER" in mechanisms and not values["kafka_sasl_oauthbearer_jwks_url"]:
+        raise ConfigError(
+            f"invalid setting {_name(_BY_ATTR['kafka_sasl_oauthbearer_jwks_url'])}: "
+            f"OAUTHBEARER is enabled but no JWKS says which keys sign the tokens")
     if values["raft_election_ticks"] < 2:
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['raft_election_ticks'])}: must be at least 2"

@@ -29,7 +29,8 @@ from kmqkafka.kafka import quotas
 from kmqkafka.kafka.topics import TopicCatalog, connections_that_fit, partition_budget
 from kmqkafka.metrics import Metrics
 from kmqkafka.net.protocol import ConnectionLimiter, KafkaFactory
-from kmqkafka.net.sasl import SaslUsers
+from kmqkafka.net.oauthbearer import Jwks
+from kmqkafka.net.sasl import OAuthSettings, SaslUsers
 from kmqkafka.service import BrokerService, Listener, exit_cleanly_on_sigterm, exit_with
 
 
@@ -84,6 +85,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
             settings.tls_cert, settings.tls_key,
             None if settings.tls_client_auth == "none" else settings.tls_ca,
             require_client_cert=settings.tls_client_auth == "required")
+    oauth = oauth_settings(settings, reactor)
     registry = CollectorRegistry(auto_describe=True)
     metrics = Metrics(registry)
     if store is None:
@@ -119,7 +121,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     sasl_users = None
     if settings.kafka_enable and settings.kafka_sasl_mechanisms:
         sasl_users = SaslUsers(settings.kafka_sasl_mechanisms, settings.kafka_sasl_users,
-                               stored=broker.extras["scram"])
+                               stored=broker.extras["scram"], oauth=oauth)
         broker.extras["sasl"] = sasl_users  # the forwarder authenticates its relays with it
     security.register_sasl(dispatcher, sasl_users)
     quotas.install(dispatcher, settings, reactor)
@@ -149,6 +151,27 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     coordination = broker.extras["coordination"]
     service.release_parked = lambda: coordination.unload("shutting down")
     return service
+
+
+def oauth_settings(settings: Settings, reactor: Any) -> OAuthSettings | None:
+    """OAUTHBEARER's key set and expected claims, when that mechanism is on. A ``file://``
+    JWKS is read now, so a bad one stops start-up with one line; the set is read again every
+    refresh interval while the reactor runs."""
+    if not (settings.kafka_enable and "OAUTHBEARER" in settings.kafka_sasl_mechanisms):
+        return None
+    jwks = Jwks(settings.kafka_sasl_oauthbearer_jwks_url)
+    if jwks.url.startswith("file://"):
+        try:
+            jwks.load_file()
+        except ValueError as e:
+            raise ConfigError(f"invalid setting CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL: "
+                              f"{e}") from None
+    reactor.callWhenRunning(jwks.start, reactor,
+                            settings.kafka_sasl_oauthbearer_jwks_refresh_ms / 1000)
+    reactor.addSystemEventTrigger("before", "shutdown", jwks.stop)
+    audience = tuple(a.strip() for a in
+                     settings.kafka_sasl_oauthbearer_expected_audience.split(",") if a.strip())
+    return OAuthSettings(jwks, audience, settings.kafka_sasl_oauthbearer_expected_issuer)
 
 
 def raft_proposer_factory(settings: Settings, reactor: Any) -> Callable[..., Any]:

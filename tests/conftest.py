@@ -306,3 +306,26 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
             except subprocess.TimeoutExpired:
                 b.proc.kill()
                 b.proc.wait(10)
+
+
+def auth_errors(common: dict) -> list:
+    """The errors a confluent-kafka client reports while it tries to connect with ``common``
+    for up to 5 s (it stops at the first): empty when the connection was accepted."""
+    from confluent_kafka import Producer
+
+    errors: list = []
+    p = Producer({**common, "error_cb": errors.append, "reconnect.backoff.ms": 500})
+    for _ in range(20):
+        p.poll(0.25)
+        if errors:
+            break
+    return errors
+
+
+def authenticates(common: dict, topic: str = "auth-check") -> bool:
+    """A confluent-kafka producer with ``common`` gets one record acknowledged within 10 s."""
+    from confluent_kafka import Producer
+
+    p = Producer({**common, "acks": "all", "message.timeout.ms": 10000})
+    p.produce(topic, value=b"x")
+    return p.flush(12) == 0

@@ -1,5 +1,5 @@
 """SASL authentication of a Kafka connection: PLAIN and SCRAM-SHA-256/512 against the
-configured users.
+configured users, OAUTHBEARER against an identity provider's keys (``oauthbearer.py``).
 
 ``SaslUsers`` is built once from the settings. SCRAM needs per-user salted keys, which cost a
 PBKDF2 run each; they are derived at start-up (4,096 iterations, Kafka's minimum), so a
@@ -8,7 +8,7 @@ compared in constant time.
 
 ``SaslSession`` is one connection's state, driven by the SaslHandshake and SaslAuthenticate
 handlers (``kafka/security.py``), in the order Kafka requires: a handshake picks the mechanism,
-then one (PLAIN) or two (SCRAM) SaslAuthenticate exchanges. Until it succeeds the connection
+then one (PLAIN, OAUTHBEARER) or two (SCRAM) SaslAuthenticate exchanges. Until it succeeds the connection
 may only send ApiVersions, SaslHandshake and SaslAuthenticate (``allows``). A failed
 exchange marks the session ``failed``: the connection answers it and then closes, as Kafka's
 SaslServerAuthenticator does. No re-authentication (KIP-368): sessions do not expire.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from dataclasses import dataclass
 from typing import Any
 
 from scramp import ScramException, ScramMechanism
@@ -26,6 +27,7 @@ from twisted.logger import Logger
 
 from kmqkafka.kafka.context import ANONYMOUS
 from kmqkafka.kafka.scram_credentials import CODES
+from kmqkafka.net.oauthbearer import InvalidToken, Jwks, bearer_token, validate
 
 __all__ = ["AuthenticationFailed", "IllegalSaslState", "SaslSession", "SaslUsers", "client_steps"]
 
@@ -49,15 +51,26 @@ def _failed_message(mechanism: str) -> str:
             f"SASL mechanism {mechanism}")
 
 
+@dataclass(frozen=True)
+class OAuthSettings:
+    """How OAUTHBEARER tokens are checked: the signing keys, and the audiences (any one) and
+    issuer a token must name (empty: not checked)."""
+
+    jwks: Jwks
+    audience: tuple[str, ...] = ()
+    issuer: str = ""
+
+
 class SaslUsers:
     """The configured users and the mechanisms they may authenticate with."""
 
     def __init__(self, mechanisms: tuple[str, ...], users: tuple[tuple[str, str], ...],
-                 stored: Any = None) -> None:
+                 stored: Any = None, oauth: "OAuthSettings | None" = None) -> None:
         """``stored``: the admin-set SCRAM credentials (``kafka.scram_credentials``), checked
-        before the configured users."""
+        before the configured users; ``oauth``: how OAUTHBEARER tokens are checked."""
         self.mechanisms = mechanisms
         self.stored = stored
+        self.oauth = oauth
         self._plain = {name: hashlib.sha256(password.encode()).digest()
                        for name, password in users}
         self._scram: dict[str, tuple[ScramMechanism, dict[str, Any]]] = {}
@@ -72,8 +85,10 @@ class SaslUsers:
         # first configured user, the same on every node of a cluster; by PLAIN when it is on,
         # as PLAIN checks only the configured password, which an admin's SCRAM change for
         # that user leaves alone.
-        mechanism = "PLAIN" if "PLAIN" in mechanisms else mechanisms[0]
-        self.node_credentials = (mechanism, users[0][0], users[0][1])
+        with_users = [m for m in mechanisms if m != "OAUTHBEARER"]
+        mechanism = "PLAIN" if "PLAIN" in with_users else (with_users or [None])[0]
+        self.node_credentials = ((mechanism, users[0][0], users[0][1])
+                                 if mechanism is not None and users else None)
 
     def scram_credentials(self) -> dict[str, tuple[tuple[int, int], ...]]:
         """Per user, (Kafka's ScramMechanism code, iterations) of each enabled SCRAM mechanism
@@ -144,6 +159,8 @@ class SaslSession:
         try:
             if self.mechanism == "PLAIN":
                 return self._plain(token)
+            if self.mechanism == "OAUTHBEARER":
+                return self._oauthbearer(token)
             return self._scram_step(token)
         except AuthenticationFailed:
             self.failed = True
@@ -166,6 +183,16 @@ class SaslSession:
         if not self._users.check_plain(user, password):
             raise AuthenticationFailed("Authentication failed: Invalid username or password")
         self._succeed(user)
+        return b""
+
+    def _oauthbearer(self, message: bytes) -> bytes:
+        oauth = self._users.oauth
+        assert oauth is not None
+        try:
+            subject = validate(bearer_token(message), oauth.jwks, oauth.audience, oauth.issuer)
+        except InvalidToken as e:
+            raise AuthenticationFailed(f"Authentication failed: {e}") from None
+        self._succeed(subject)
         return b""
 
     def _scram_step(self, token: bytes) -> bytes:

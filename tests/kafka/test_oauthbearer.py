@@ -1,0 +1,177 @@
+"""SASL/OAUTHBEARER with real clients: tokens an identity provider signed (here, a key made for
+the test) are checked against its JWKS, read from a file or fetched over HTTP; expired
+tokens, tokens signed by another key and tokens for another audience are refused."""
+
+import http.server
+import json
+import threading
+import time
+import uuid
+
+import jwt
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+from conftest import HOST, BrokerProcess, auth_errors, authenticates, start_broker
+
+AUDIENCE = "kmqkafka"
+ISSUER = "https://idp.test"
+
+
+def make_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def jwks_of(key: rsa.RSAPrivateKey, kid: str) -> bytes:
+    jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+    jwk.update(kid=kid, use="sig", alg="RS256")
+    return json.dumps({"keys": [jwk]}).encode()
+
+
+def token(key: rsa.RSAPrivateKey, kid: str = "k1", sub: str = "svc-orders",
+          lifetime_s: int = 600, **claims) -> str:
+    now = int(time.time())
+    body = {"sub": sub, "iat": now, "exp": now + lifetime_s, "aud": AUDIENCE, "iss": ISSUER,
+            **claims}
+    return jwt.encode(body, key, algorithm="RS256", headers={"kid": kid})
+
+
+KEY = make_key()
+
+
+@pytest.fixture(scope="module")
+def oauth_broker(tmp_path_factory) -> BrokerProcess:
+    tmp = tmp_path_factory.mktemp("oauth")
+    (tmp / "jwks.json").write_bytes(jwks_of(KEY, "k1"))
+    b = start_broker(tmp, env={
+        "CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
+        "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL": f"file://{tmp / 'jwks.json'}",
+        "CONNECTORS_KAFKA_SASL_OAUTHBEARER_EXPECTED_AUDIENCE": f"other,{AUDIENCE}",
+        "CONNECTORS_KAFKA_SASL_OAUTHBEARER_EXPECTED_ISSUER": ISSUER})
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def settings(port: int, jwt_text: str) -> dict:
+    return {"bootstrap.servers": f"{HOST}:{port}", "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "OAUTHBEARER",
+            "oauth_cb": lambda _config: (jwt_text, time.time() + 600)}
+
+
+def test_confluent_kafka_produces_and_consumes_with_a_signed_token(oauth_broker):
+    common = settings(oauth_broker.kafka_port, token(KEY))
+    p = Producer({**common, "acks": "all"})
+    for i in range(10):
+        p.produce("oauth-t", value=b"o%d" % i)
+    assert p.flush(20) == 0
+    c = Consumer({**common, "group.id": "oauth-g", "auto.offset.reset": "earliest"})
+    c.subscribe(["oauth-t"])
+    got = []
+    for _ in range(60):
+        msg = c.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+        if len(got) == 10:
+            break
+    c.close()
+    assert got == [b"o%d" % i for i in range(10)]
+
+
+@pytest.mark.parametrize("bad,why", [
+    (lambda: token(KEY, lifetime_s=-120), "expired"),
+    (lambda: token(make_key()), "Signature verification failed"),
+    (lambda: token(KEY, kid="k9"), "no key with id 'k9'"),
+    (lambda: token(KEY, aud="someone-else"), "audience"),
+    (lambda: token(KEY, iss="https://evil.test"), "issuer"),
+    (lambda: jwt.encode({"sub": "x", "exp": int(time.time()) + 60}, "s" * 32,
+                        algorithm="HS256", headers={"kid": "k1"}), "HS256"),
+], ids=["expired", "other-key", "unknown-kid", "audience", "issuer", "shared-secret"])
+def test_tokens_that_do_not_check_out_are_refused(oauth_broker, bad, why):
+    errors = auth_errors(settings(oauth_broker.kafka_port, bad()))
+    assert errors and errors[0].code() == KafkaError._AUTHENTICATION, errors
+    assert why.lower() in errors[0].str().lower(), errors[0].str()
+    # A good token still works on the same daemon.
+    assert authenticates(settings(oauth_broker.kafka_port, token(KEY)))
+
+
+def test_kafka_python_authenticates_with_a_token_provider(oauth_broker):
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    class Provider(AbstractTokenProvider):
+        def token(self):
+            return token(KEY, sub="kp-client")
+
+    common = dict(bootstrap_servers=f"{HOST}:{oauth_broker.kafka_port}",
+                  security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                  sasl_oauth_token_provider=Provider())
+    p = KafkaProducer(acks="all", **common)
+    for i in range(3):
+        p.send("oauth-kp", b"k%d" % i).get(timeout=10)
+    p.close()
+    c = KafkaConsumer("oauth-kp", auto_offset_reset="earliest", consumer_timeout_ms=10000,
+                      **common)
+    got = []
+    for m in c:
+        got.append(m.value)
+        if len(got) == 3:
+            break
+    c.close()
+    assert got == [b"k0", b"k1", b"k2"]
+
+
+def test_a_jwks_fetched_over_http_is_used_and_refreshed(tmp_path):
+    """The key set comes from an HTTP endpoint, and a key published later is picked up at the
+    next refresh (rotation)."""
+    published = {"doc": jwks_of(KEY, "k1")}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = published["doc"]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    b = start_broker(tmp_path, env={
+        "CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
+        "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL":
+            f"http://{HOST}:{server.server_address[1]}/jwks.json",
+        "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_REFRESH_MS": "1000"})
+    try:
+        assert authenticates(settings(b.kafka_port, token(KEY)))
+        rotated = make_key()
+        assert auth_errors(settings(b.kafka_port, token(rotated, kid="k2")))
+        published["doc"] = jwks_of(rotated, "k2")
+        time.sleep(2.5)  # two refreshes at 1 s
+        assert authenticates(settings(b.kafka_port, token(rotated, kid="k2")))
+    finally:
+        b.stop()
+        server.shutdown()
+
+
+def test_bad_oauthbearer_settings_stop_start_up_with_one_line(tmp_path):
+    for env, needle in [
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER"},
+         "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL"),
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
+          "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL": f"file://{tmp_path}/missing.json"},
+         "missing.json"),
+    ]:
+        d = tmp_path / uuid.uuid4().hex
+        d.mkdir()
+        b = start_broker(d, env=env, wait=False)
+        assert b.proc.wait(30) != 0
+        lines = [line for line in b.log().splitlines() if "invalid setting" in line]
+        assert len(lines) == 1 and needle in lines[0], b.log()
