@@ -175,3 +175,27 @@ def test_bad_oauthbearer_settings_stop_start_up_with_one_line(tmp_path):
         assert b.proc.wait(30) != 0
         lines = [line for line in b.log().splitlines() if "invalid setting" in line]
         assert len(lines) == 1 and needle in lines[0], b.log()
+
+
+def test_aiokafka_authenticates_with_a_token_provider(oauth_broker):
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.abc import AbstractTokenProvider
+
+    class Provider(AbstractTokenProvider):
+        async def token(self):
+            return token(KEY, sub="aio-client")
+
+    async def run() -> None:
+        p = AIOKafkaProducer(bootstrap_servers=f"{HOST}:{oauth_broker.kafka_port}",
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                             sasl_oauth_token_provider=Provider(), acks="all")
+        await p.start()
+        try:
+            meta = await p.send_and_wait("oauth-aio", b"a")
+            assert meta.offset == 0
+        finally:
+            await p.stop()
+
+    asyncio.run(run())
