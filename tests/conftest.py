@@ -329,3 +329,43 @@ def authenticates(common: dict, topic: str = "auth-check") -> bool:
     p = Producer({**common, "acks": "all", "message.timeout.ms": 10000})
     p.produce(topic, value=b"x")
     return p.flush(12) == 0
+
+
+def round_trip(common: dict, topic: str, n: int = 20) -> list[bytes]:
+    """confluent-kafka with ``common``: ``n`` records produced (acks=all), then read back by a
+    consumer group from the start; returns the values read."""
+    from confluent_kafka import Consumer, Producer
+
+    p = Producer({**common, "acks": "all"})
+    for i in range(n):
+        p.produce(topic, value=b"v%d" % i)
+    assert p.flush(20) == 0
+    c = Consumer({**common, "group.id": "g-" + topic, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got: list[bytes] = []
+    for _ in range(60):
+        msg = c.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+        if len(got) == n:
+            break
+    c.close()
+    return got
+
+
+def kafka_python_round_trip(common: dict, topic: str, n: int) -> list[bytes]:
+    """``round_trip`` with kafka-python (``common`` as KafkaProducer/KafkaConsumer kwargs)."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    p = KafkaProducer(acks="all", **common)
+    for i in range(n):
+        p.send(topic, b"v%d" % i).get(timeout=10)
+    p.close()
+    c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=10000, **common)
+    got: list[bytes] = []
+    for m in c:
+        got.append(m.value)
+        if len(got) == n:
+            break
+    c.close()
+    return got

@@ -11,11 +11,12 @@ import subprocess
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from conftest import (
-    HOST, BrokerProcess, auth_errors, authenticates, make_self_signed, start_broker,
+    HOST, BrokerProcess, auth_errors, authenticates, kafka_python_round_trip,
+    make_self_signed, round_trip, start_broker,
 )
 from rawkafka import RawClient
 
@@ -46,24 +47,6 @@ def settings(b: BrokerProcess, mechanism: str, user: str = "alice",
     if tls:
         out["ssl.ca.location"] = str(b.cert)
     return out
-
-
-def round_trip(common: dict, topic: str, n: int = 20) -> list[bytes]:
-    p = Producer({**common, "acks": "all"})
-    for i in range(n):
-        p.produce(topic, value=b"v%d" % i)
-    assert p.flush(20) == 0
-    c = Consumer({**common, "group.id": "g-" + topic, "auto.offset.reset": "earliest"})
-    c.subscribe([topic])
-    got: list[bytes] = []
-    for _ in range(60):
-        msg = c.poll(0.5)
-        if msg is not None and msg.error() is None:
-            got.append(msg.value())
-        if len(got) == n:
-            break
-    c.close()
-    return got
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
@@ -145,7 +128,7 @@ def test_requests_before_authentication_close_the_connection(sasl_broker):
 
 
 def test_kafka_python_authenticates_with_each_mechanism(sasl_broker, caplog):
-    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import KafkaProducer
     from kafka.errors import KafkaError as KPError
 
     for mechanism in MECHANISMS:
@@ -153,19 +136,7 @@ def test_kafka_python_authenticates_with_each_mechanism(sasl_broker, caplog):
         common = dict(bootstrap_servers=f"{HOST}:{sasl_broker.kafka_port}",
                       security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism,
                       sasl_plain_username="alice", sasl_plain_password="alice-secret")
-        p = KafkaProducer(acks="all", **common)
-        for i in range(5):
-            p.send(topic, b"m%d" % i).get(timeout=10)
-        p.close()
-        c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=10000,
-                          **common)
-        got = []
-        for m in c:
-            got.append(m.value)
-            if len(got) == 5:
-                break
-        c.close()
-        assert got == [b"m%d" % i for i in range(5)]
+        assert kafka_python_round_trip(common, topic, 5) == [b"v%d" % i for i in range(5)]
     caplog.set_level("ERROR", logger="kafka")
     with pytest.raises(KPError):
         KafkaProducer(bootstrap_servers=f"{HOST}:{sasl_broker.kafka_port}",
@@ -225,6 +196,11 @@ def test_bad_sasl_settings_stop_start_up_with_one_line(tmp_path):
         ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "PLAIN"}, "CONNECTORS_KAFKA_SASL_USERS"),
         ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "PLAIN",
           "CONNECTORS_KAFKA_SASL_USERS": "alice"}, "CONNECTORS_KAFKA_SASL_USERS"),
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER"},
+         "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL"),
+        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
+          "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL": f"file://{tmp_path}/missing.json"},
+         "missing.json"),
     ]:
         d = tmp_path / uuid.uuid4().hex
         d.mkdir()

@@ -8,6 +8,7 @@ from typing import Iterator
 import pytest
 
 from tests.raft.test_kafka_cluster import Cluster, req
+from tests.conftest import round_trip
 from tests.rawkafka import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -57,24 +58,7 @@ def test_group_calls_a_follower_relays_authenticate_with_the_leader(cluster: Clu
 
 
 def test_a_consumer_group_through_a_follower_bootstrap(cluster: Cluster):
-    from confluent_kafka import Consumer, Producer
-
     common = {"bootstrap.servers": cluster.bootstrap(cluster.follower()),
               "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "SCRAM-SHA-256",
               "sasl.username": "carol", "sasl.password": "carol-secret"}
-    p = Producer({**common, "acks": "all"})
-    for i in range(10):
-        p.produce("sasl-cluster", value=b"c%d" % i)
-    assert p.flush(30) == 0
-    c = Consumer({**common, "group.id": "scg", "auto.offset.reset": "earliest"})
-    c.subscribe(["sasl-cluster"])
-    got: list[bytes] = []
-    for _ in range(80):
-        msg = c.poll(0.5)
-        if msg is not None and msg.error() is None:
-            got.append(msg.value())
-        if len(got) == 10:
-            break
-    c.commit(asynchronous=False)
-    c.close()
-    assert got == [b"c%d" % i for i in range(10)]
+    assert round_trip(common, "sasl-cluster", 10) == [b"v%d" % i for i in range(10)]
