@@ -1,10 +1,13 @@
 """The SASL state machine of one connection (``net/sasl.py``), without sockets."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scramp import ScramClient
 
+from kmqkafka.net.oauthbearer import Jwks
 from kmqkafka.net.sasl import (
-    AuthenticationFailed, IllegalSaslState, SaslUsers, client_steps,
+    AuthenticationFailed, IllegalSaslState, OAuthSettings, SaslUsers, client_steps,
 )
 
 USERS = SaslUsers(("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"), (("alice", "pw"), ("b,o=b", "x")))
@@ -79,3 +82,22 @@ def test_a_client_final_nonce_that_ends_with_the_servers_is_taken_as_kafka_does(
 def test_scram_credentials_follow_the_enabled_mechanisms():
     assert USERS.scram_credentials()["alice"] == ((1, 4096), (2, 4096))
     assert SaslUsers(("PLAIN",), (("alice", "pw"),)).scram_credentials() == {}
+
+
+@given(first=st.binary(max_size=300), second=st.binary(max_size=300),
+       mechanism=st.sampled_from(["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]))
+@settings(max_examples=300, deadline=None)
+def test_any_bytes_fail_the_exchange_cleanly(first, second, mechanism):
+    """Whatever a client sends, the session answers or refuses it; it never raises anything
+    else (which the dispatcher would turn into UNKNOWN_SERVER_ERROR)."""
+    jwks = Jwks("file:///unused")
+    users = SaslUsers(("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"),
+                      (("alice", "pw"),), oauth=OAuthSettings(jwks))
+    session = users.session()
+    session.handshake(mechanism)
+    try:
+        session.authenticate(first)
+        session.authenticate(second)
+    except (AuthenticationFailed, IllegalSaslState):
+        pass
+    assert not session.authenticated
