@@ -31,7 +31,8 @@ def sasl_broker(tmp_path_factory) -> BrokerProcess:
     b = start_broker(tmp, env={
         "CONNECTORS_KAFKA_SASL_MECHANISMS": ",".join(MECHANISMS),
         "CONNECTORS_KAFKA_SASL_USERS": USERS,
-        "KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key)})
+        "KMQKAFKA_TLS_CERT": str(cert), "KMQKAFKA_TLS_KEY": str(key),
+        "CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0"})
     b.cert = cert  # type: ignore[attr-defined]
     try:
         yield b

@@ -22,7 +22,8 @@ USERS = "relay:relay-secret,carol:carol-secret"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("sasl-cluster"), env={
         "CONNECTORS_KAFKA_SASL_MECHANISMS": "SCRAM-SHA-256",
-        "CONNECTORS_KAFKA_SASL_USERS": USERS})
+        "CONNECTORS_KAFKA_SASL_USERS": USERS,
+        "CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0"})
     try:
         c.leader()
         yield c
