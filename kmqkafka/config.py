@@ -139,6 +139,11 @@ SETTINGS: tuple[Setting, ...] = (
             "sasl_users", "users", "",
             "SASL users as name:password,... (in the TOML file also a table name = "
             "\"password\"); needed when sasl_mechanisms is set"),
+    Setting("kafka_connections_max_reauth_ms", "CONNECTORS_KAFKA_CONNECTIONS_MAX_REAUTH_MS",
+            "kafka-connections-max-reauth-ms", "kafka", "connections_max_reauth_ms", "posint0",
+            0, "a SASL session lasts this long (ms), or until its OAUTHBEARER token expires; "
+            "the client then authenticates again on its connection (KIP-368; Kafka's "
+            "connections.max.reauth.ms; 0 = sessions never expire)"),
     Setting("kafka_sasl_oauthbearer_jwks_url", "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL",
             "kafka-sasl-oauthbearer-jwks-url", "kafka", "sasl_oauthbearer_jwks_url", "jwks", "",
             "where OAUTHBEARER tokens' signing keys are published (a JWKS, file:// or "
@@ -308,6 +313,7 @@ class Settings:
     kafka_bind_host: str = "0.0.0.0"
     kafka_sasl_mechanisms: tuple[str, ...] = ()
     kafka_sasl_users: tuple[tuple[str, str], ...] = ()
+    kafka_connections_max_reauth_ms: int = 0
     kafka_sasl_oauthbearer_jwks_url: str = ""
     kafka_sasl_oauthbearer_jwks_refresh_ms: int = 3600000
     kafka_sasl_oauthbearer_expected_audience: str = ""

@@ -121,7 +121,9 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     sasl_users = None
     if settings.kafka_enable and settings.kafka_sasl_mechanisms:
         sasl_users = SaslUsers(settings.kafka_sasl_mechanisms, settings.kafka_sasl_users,
-                               stored=broker.extras["scram"], oauth=oauth)
+                               stored=broker.extras["scram"], oauth=oauth,
+                               max_reauth_ms=settings.kafka_connections_max_reauth_ms,
+                               clock=reactor)
         broker.extras["sasl"] = sasl_users  # the forwarder authenticates its relays with it
     security.register_sasl(dispatcher, sasl_users)
     quotas.install(dispatcher, settings, reactor)

@@ -8,8 +8,8 @@ advertises them exactly when they work. After SaslHandshake v1 the exchange trav
 SaslAuthenticate requests; after v0 (older clients) in bare length-prefixed tokens, which the
 connection hands to the session itself (``KafkaProtocol._raw_sasl_token``). A refused
 mechanism, refused credentials, or a request out of order is answered with its error code and
-then the connection closes, as Kafka does. Authenticated sessions never expire
-(``session_lifetime_ms`` 0: no KIP-368 re-authentication is asked for).
+then the connection closes, as Kafka does. SaslAuthenticate tells the client how long its
+session lasts (0 unless ``CONNECTORS_KAFKA_CONNECTIONS_MAX_REAUTH_MS`` is set: KIP-368).
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def sasl_handshake(request: Any, ctx: RequestContext) -> Any:
     session = ctx.sasl
     mechanisms = tuple(session.enabled)
     try:
+        if session.authenticated and ctx.api_version == 0:
+            raise IllegalSaslState("Re-authentication needs SaslHandshake v1 or later")
         if session.handshake(request.mechanism):
             session.v0 = ctx.api_version == 0
             return make(ctx.response_type, error_code=ErrorCode.none, mechanisms=mechanisms)
@@ -61,10 +63,12 @@ def sasl_authenticate(request: Any, ctx: RequestContext) -> Any:
     except IllegalSaslState as e:
         session.failed = not session.authenticated
         return _refused(ctx, ErrorCode.illegal_sasl_state, str(e))
-    if session.authenticated:
+    lifetime = _NO_EXPIRY
+    if not session.exchanging:
         _count(ctx, session.mechanism, "success")
+        lifetime = i64Timedelta.parse(datetime.timedelta(milliseconds=session.lifetime_ms))
     return make(ctx.response_type, error_code=ErrorCode.none, error_message=None,
-                auth_bytes=reply, session_lifetime=_NO_EXPIRY)
+                auth_bytes=reply, session_lifetime=lifetime)
 
 
 def _count(ctx: RequestContext, mechanism: str | None, result: str) -> None:

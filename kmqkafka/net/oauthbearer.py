@@ -128,8 +128,10 @@ def bearer_token(message: bytes) -> str:
     raise InvalidToken("Invalid OAUTHBEARER client first message: no auth")
 
 
-def validate(token: str, jwks: Jwks, audience: tuple[str, ...], issuer: str) -> str:
-    """The token's subject, once its signature and claims check out; else ``InvalidToken``."""
+def validate(token: str, jwks: Jwks, audience: tuple[str, ...],
+             issuer: str) -> tuple[str, float]:
+    """The token's subject and expiry (epoch seconds), once its signature and claims check
+    out; else ``InvalidToken``."""
     try:
         header = jwt.get_unverified_header(token)
     except jwt.PyJWTError as e:
@@ -148,4 +150,4 @@ def validate(token: str, jwks: Jwks, audience: tuple[str, ...], issuer: str) -> 
     subject = claims["sub"]
     if not isinstance(subject, str) or not subject:
         raise InvalidToken("token refused: the sub claim is empty")
-    return subject
+    return subject, float(claims["exp"])

@@ -300,9 +300,14 @@ class KafkaProtocol(Protocol):
             return
         if self.sasl is not None and not self.sasl.allows(api_key):
             # Kafka's SaslServerAuthenticator: anything but ApiVersions and the SASL requests
-            # before authentication is an invalid request, and the connection closes.
-            self._violation("unauthenticated", "{api} request before SASL authentication",
-                            api=api_name(api_key))
+            # before authentication is an invalid request, and the connection closes; so does
+            # a request after the session expired without re-authentication (KIP-368).
+            if self.sasl.authenticated:
+                self._violation("sasl_session_expired", "{api} request after the SASL session "
+                                "expired", api=api_name(api_key))
+            else:
+                self._violation("unauthenticated", "{api} request before SASL authentication",
+                                api=api_name(api_key))
             return
         if not dispatcher.supports(api_key, api_version):
             answer = dispatcher.unsupported_version_response(api_key, api_version)

@@ -11,7 +11,10 @@ handlers (``kafka/security.py``), in the order Kafka requires: a handshake picks
 then one (PLAIN, OAUTHBEARER) or two (SCRAM) SaslAuthenticate exchanges. Until it succeeds the connection
 may only send ApiVersions, SaslHandshake and SaslAuthenticate (``allows``). A failed
 exchange marks the session ``failed``: the connection answers it and then closes, as Kafka's
-SaslServerAuthenticator does. No re-authentication (KIP-368): sessions do not expire.
+SaslServerAuthenticator does. With ``max_reauth_ms`` (Kafka's connections.max.reauth.ms) a
+session expires after that long (or when its OAUTHBEARER token does, if sooner); the client
+is told so in SaslAuthenticate and authenticates again on the same connection, with the same
+mechanism and principal (KIP-368); past expiry only the SASL APIs are answered.
 
 Reactor-thread only.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,10 +69,15 @@ class SaslUsers:
     """The configured users and the mechanisms they may authenticate with."""
 
     def __init__(self, mechanisms: tuple[str, ...], users: tuple[tuple[str, str], ...],
-                 stored: Any = None, oauth: "OAuthSettings | None" = None) -> None:
+                 stored: Any = None, oauth: "OAuthSettings | None" = None,
+                 max_reauth_ms: int = 0, clock: Any = None) -> None:
         """``stored``: the admin-set SCRAM credentials (``kafka.scram_credentials``), checked
-        before the configured users; ``oauth``: how OAUTHBEARER tokens are checked."""
+        before the configured users; ``oauth``: how OAUTHBEARER tokens are checked;
+        ``max_reauth_ms``: Kafka's connections.max.reauth.ms (0: sessions never expire), timed
+        by ``clock`` (an ``IReactorTime``)."""
         self.mechanisms = mechanisms
+        self.max_reauth_ms = max_reauth_ms
+        self.clock = clock
         self.stored = stored
         self.oauth = oauth
         self._plain = {name: hashlib.sha256(password.encode()).digest()
@@ -119,6 +128,10 @@ class SaslSession:
         self.principal = ANONYMOUS
         self.authenticated = False
         self.failed = False
+        self.exchanging = False  # a handshake picked the mechanism, the exchange is not done
+        self.lifetime_ms = 0  # what SaslAuthenticate tells the client (0: no expiry)
+        self.expires_at: float | None = None  # clock time after which only SASL is answered
+        self._token_expires_at: float | None = None  # an OAUTHBEARER token's exp
         self._scram: Any = None  # the ScramServer between SCRAM's two exchanges
         self._scram_user = ""
         # After a v0 handshake, frames are bare tokens until authenticated (no SaslAuthenticate).
@@ -132,27 +145,45 @@ class SaslSession:
     @property
     def raw_tokens(self) -> bool:
         """The next frame is a bare SASL token (a v0 handshake picked the mechanism)."""
-        return self.v0 and self.mechanism is not None and not self.authenticated
+        return self.v0 and self.exchanging
 
     def allows(self, api_key: int) -> bool:
-        """Whether a request of ``api_key`` may be handled on this connection now."""
-        return self.authenticated or api_key in _BEFORE_AUTH
+        """Whether a request of ``api_key`` may be handled on this connection now: before
+        authentication, and once a session has expired (KIP-368), only the SASL APIs."""
+        if api_key in _BEFORE_AUTH:
+            return True
+        return self.authenticated and not self.expired()
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and self._users.clock.seconds() >= self.expires_at
+
+    @property
+    def reauthenticates(self) -> bool:
+        """Sessions expire, so an authenticated client may authenticate again (KIP-368)."""
+        return self._users.max_reauth_ms > 0
 
     def handshake(self, mechanism: str) -> bool:
-        """Pick the mechanism; False if it is not enabled. Raises ``IllegalSaslState`` once a
-        mechanism was picked (Kafka allows one handshake per connection)."""
-        if self.mechanism is not None or self.authenticated:
+        """Pick the mechanism; False if it is not enabled. Raises ``IllegalSaslState`` for a
+        second handshake, unless it starts a re-authentication (KIP-368) with the same
+        mechanism."""
+        if self.exchanging or (self.mechanism is not None and not self.authenticated) or (
+                self.authenticated and not self.reauthenticates):
             raise IllegalSaslState("Unexpected SASL handshake: one was made already")
         if mechanism not in self._users.mechanisms:
             return False
+        if self.authenticated and mechanism != self.mechanism:
+            raise IllegalSaslState(f"Re-authentication must use {self.mechanism}, not "
+                                   f"{mechanism}")
         self.mechanism = mechanism
+        self.exchanging = True
+        self._scram = None
         return True
 
     def authenticate(self, token: bytes) -> bytes:
         """One exchange: the client's bytes in, the server's out. Sets ``authenticated`` when
         the exchange completes; raises ``AuthenticationFailed`` (and sets ``failed``) when the
         credentials are refused, ``IllegalSaslState`` before a handshake or after success."""
-        if self.mechanism is None or self.authenticated or self.failed:
+        if not self.exchanging or self.failed:
             raise IllegalSaslState(
                 "Unexpected SaslAuthenticate: no SASL handshake picked a mechanism" if
                 self.mechanism is None else "Unexpected SaslAuthenticate: already authenticated")
@@ -189,9 +220,11 @@ class SaslSession:
         oauth = self._users.oauth
         assert oauth is not None
         try:
-            subject = validate(bearer_token(message), oauth.jwks, oauth.audience, oauth.issuer)
+            subject, expires = validate(bearer_token(message), oauth.jwks, oauth.audience,
+                                        oauth.issuer)
         except InvalidToken as e:
             raise AuthenticationFailed(f"Authentication failed: {e}") from None
+        self._token_expires_at = expires
         self._succeed(subject)
         return b""
 
@@ -223,8 +256,22 @@ class SaslSession:
             raise AuthenticationFailed(_failed_message(mechanism)) from None
 
     def _succeed(self, user: str) -> None:
+        principal = f"User:{user}"
+        if self.authenticated and principal != self.principal:
+            raise AuthenticationFailed(
+                f"Cannot change principals during re-authentication from {self.principal}: "
+                f"{principal}")
         self.authenticated = True
-        self.principal = f"User:{user}"
+        self.exchanging = False
+        self.principal = principal
+        if self.reauthenticates:
+            # Kafka: the session lasts connections.max.reauth.ms, or until the token expires.
+            now = self._users.clock.seconds()
+            lifetime = self._users.max_reauth_ms / 1000
+            if self._token_expires_at is not None:
+                lifetime = max(0.0, min(lifetime, self._token_expires_at - time.time()))
+            self.lifetime_ms = int(lifetime * 1000)
+            self.expires_at = now + lifetime
 
 
 def _accept_nonce_suffix(server: Any, client_final: str) -> None:

@@ -36,8 +36,8 @@ def test_an_ec_signed_token_yields_its_subject_and_claims_are_checked():
         return jwt.encode({k: v for k, v in body.items() if v is not None}, key,
                           algorithm="ES256", headers={"kid": "e1"})
 
-    assert validate(signed(), jwks, (), "") == "svc"
-    assert validate(signed(exp=now - 20), jwks, (), "") == "svc"  # within the clock skew
+    assert validate(signed(), jwks, (), "") == ("svc", now + 60)
+    assert validate(signed(exp=now - 20), jwks, (), "")[0] == "svc"  # within the clock skew
     for bad in (signed(exp=now - 40), signed(sub=None), signed(exp=None),
                 signed(nbf=now + 120), signed(aud="x")):
         with pytest.raises(InvalidToken):

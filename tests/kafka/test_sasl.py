@@ -8,6 +8,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -359,3 +360,50 @@ def test_sasl_requests_after_authentication_are_refused_but_keep_the_connection(
         again = raw.call(SaslHandshakeRequest(mechanism="PLAIN"))
         assert again.error_code == ErrorCode.illegal_sasl_state
         assert raw.call(MetadataRequest(topics=None)).brokers
+
+
+def test_clients_authenticate_again_on_their_connections_when_sessions_expire(tmp_path):
+    """KIP-368 with connections.max.reauth.ms = 1.5 s: librdkafka and kafka-python re-
+    authenticate on the same connections and keep producing; a client that does not is cut
+    off at its next request after expiry."""
+    from kio.schema.metadata.v1.request import MetadataRequest
+
+    from conftest import http_get
+
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_SASL_MECHANISMS": "SCRAM-SHA-256,PLAIN",
+                                    "CONNECTORS_KAFKA_SASL_USERS": USERS,
+                                    "CONNECTORS_KAFKA_CONNECTIONS_MAX_REAUTH_MS": "1500"})
+    try:
+        with RawClient(b.kafka_port) as raw:
+            r = raw.authenticate("PLAIN", "alice", "alice-secret")
+            assert r.error_code == 0 and r.session_lifetime.total_seconds() == 1.5
+            assert raw.call(MetadataRequest(topics=None)).brokers
+            time.sleep(1.7)
+            with pytest.raises(OSError):  # reset or closed
+                raw.call(MetadataRequest(topics=None))
+
+        from confluent_kafka import Producer
+
+        delivered: list = []
+        p = Producer({**settings(b, "SCRAM-SHA-256"), "acks": "all", "linger.ms": 50})
+        deadline = time.monotonic() + 5
+        i = 0
+        while time.monotonic() < deadline:
+            p.produce("reauth", value=b"%d" % i, on_delivery=lambda e, m: delivered.append(e))
+            p.poll(0.1)
+            i += 1
+        assert p.flush(20) == 0
+        assert len(delivered) == i and not any(delivered), delivered[:3]
+        common = dict(bootstrap_servers=f"{HOST}:{b.kafka_port}",
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_plain_username="alice", sasl_plain_password="alice-secret")
+        assert kafka_python_round_trip(common, "reauth-kp", 3) == [b"v0", b"v1", b"v2"]
+        text = http_get(b.http_port, "/metrics").decode()
+        successes = next(float(x.rpartition(" ")[2]) for x in text.splitlines() if x.startswith(
+            'kmqkafka_kafka_sasl_authentications_total{mechanism="SCRAM-SHA-256",'
+            'result="success"}'))
+        assert successes >= 4, successes  # 5 s of 1.5 s sessions: re-authentications
+        # Only the raw client outlived its session; the real clients re-authenticated in time.
+        assert b.log().count("request after the SASL session expired") == 1
+    finally:
+        b.stop()

@@ -101,3 +101,57 @@ def test_any_bytes_fail_the_exchange_cleanly(first, second, mechanism):
     except (AuthenticationFailed, IllegalSaslState):
         pass
     assert not session.authenticated
+
+
+def reauth_users(max_reauth_ms: int = 2000):
+    from twisted.internet.task import Clock
+
+    clock = Clock()
+    return SaslUsers(("PLAIN", "SCRAM-SHA-256"), (("alice", "pw"), ("bob", "x")),
+                     max_reauth_ms=max_reauth_ms, clock=clock), clock
+
+
+def exchange(session, mechanism: str, user: str, password: str) -> None:
+    assert session.handshake(mechanism)
+    steps = client_steps(mechanism, user, password)
+    token = next(steps)
+    while True:
+        reply = session.authenticate(token)
+        try:
+            token = steps.send(reply)
+        except StopIteration:
+            return
+
+
+def test_an_expired_session_answers_only_sasl_until_the_client_authenticates_again():
+    users, clock = reauth_users()
+    session = users.session()
+    exchange(session, "SCRAM-SHA-256", "alice", "pw")
+    assert session.lifetime_ms == 2000 and session.allows(3)
+    clock.advance(2.1)
+    assert not session.allows(3) and session.allows(17) and session.allows(36)
+    exchange(session, "SCRAM-SHA-256", "alice", "pw")  # KIP-368: same connection
+    assert session.allows(3) and session.principal == "User:alice"
+    clock.advance(1.9)
+    assert session.allows(3)
+
+
+def test_re_authentication_keeps_the_mechanism_and_the_principal():
+    users, _clock = reauth_users()
+    session = users.session()
+    exchange(session, "PLAIN", "alice", "pw")
+    with pytest.raises(IllegalSaslState):
+        session.handshake("SCRAM-SHA-256")
+    with pytest.raises(AuthenticationFailed, match="Cannot change principals"):
+        exchange(session, "PLAIN", "bob", "x")
+    assert session.failed
+
+
+def test_without_max_reauth_a_session_never_expires_and_a_second_handshake_is_refused():
+    users, clock = reauth_users(0)
+    session = users.session()
+    exchange(session, "PLAIN", "alice", "pw")
+    clock.advance(10 ** 6)
+    assert session.allows(3) and session.lifetime_ms == 0
+    with pytest.raises(IllegalSaslState):
+        session.handshake("PLAIN")
