@@ -133,8 +133,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kafka_sasl_mechanisms", "CONNECTORS_KAFKA_SASL_MECHANISMS",
             "kafka-sasl-mechanisms", "kafka", "sasl_mechanisms", "mechanisms", "",
             "SASL mechanisms clients must authenticate with, comma-separated: PLAIN, "
-            "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (empty = no SASL); when set, the plaintext listener "
-            "is SASL_PLAINTEXT and the TLS listener SASL_SSL"),
+            "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (empty = no SASL); when set, the "
+            "plaintext listener is SASL_PLAINTEXT and the TLS listener SASL_SSL"),
     Setting("kafka_sasl_users", "CONNECTORS_KAFKA_SASL_USERS", "kafka-sasl-users", "kafka",
             "sasl_users", "users", "",
             "SASL users as name:password,... (in the TOML file also a table name = "

@@ -7,8 +7,8 @@ A stored credential is what SCRAM authentication checks first (``net/sasl.py``);
 none falls back to the configured users (``CONNECTORS_KAFKA_SASL_USERS``). Validation follows
 Kafka's controller: an unknown mechanism is UNSUPPORTED_SASL_MECHANISM, iterations outside
 4096..16384, an empty name, salt or salted password UNACCEPTABLE_CREDENTIAL, a user and
-mechanism named twice in one request DUPLICATE_RESOURCE, and deleting a credential that does not exist
-RESOURCE_NOT_FOUND. Each user's changes are written as one compare-and-set, so a concurrent
+mechanism named twice in one request DUPLICATE_RESOURCE, and deleting a credential that does
+not exist RESOURCE_NOT_FOUND. Each user's changes are written as one compare-and-set, so a concurrent
 change to the same user is retried on the new state rather than lost.
 """
 from __future__ import annotations

@@ -100,8 +100,8 @@ class _Connection(Protocol):
 
         def check(response: Any) -> Any:
             if response.error_code != 0:
-                raise ForwardError(f"the leader refused SASL {mechanism}: "
-                                   f"{getattr(response, 'error_message', None) or response.error_code}")
+                why = getattr(response, "error_message", None) or response.error_code
+                raise ForwardError(f"the leader refused SASL {mechanism}: {why}")
             return response
 
         def step(server_bytes: bytes | None) -> Any:

@@ -8,9 +8,9 @@ compared in constant time.
 
 ``SaslSession`` is one connection's state, driven by the SaslHandshake and SaslAuthenticate
 handlers (``kafka/security.py``), in the order Kafka requires: a handshake picks the mechanism,
-then one (PLAIN, OAUTHBEARER) or two (SCRAM) SaslAuthenticate exchanges. Until it succeeds the connection
-may only send ApiVersions, SaslHandshake and SaslAuthenticate (``allows``). A failed
-exchange marks the session ``failed``: the connection answers it and then closes, as Kafka's
+then one (PLAIN, OAUTHBEARER) or two (SCRAM) SaslAuthenticate exchanges. Until it succeeds
+the connection may only send ApiVersions, SaslHandshake and SaslAuthenticate (``allows``). A
+failed exchange marks the session ``failed``: the connection answers it and then closes, as Kafka's
 SaslServerAuthenticator does. With ``max_reauth_ms`` (Kafka's connections.max.reauth.ms) a
 session expires after that long (or when its OAUTHBEARER token does, if sooner); the client
 is told so in SaslAuthenticate and authenticates again on the same connection, with the same
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,7 +268,7 @@ class SaslSession:
             now = self._users.clock.seconds()
             lifetime = self._users.max_reauth_ms / 1000
             if self._token_expires_at is not None:
-                lifetime = max(0.0, min(lifetime, self._token_expires_at - time.time()))
+                lifetime = max(0.0, min(lifetime, self._token_expires_at - now))
             self.lifetime_ms = int(lifetime * 1000)
             self.expires_at = now + lifetime
 

@@ -145,7 +145,7 @@ def test_kafka_python_authenticates_with_each_mechanism(sasl_broker, caplog):
                       security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
                       sasl_plain_username="alice", sasl_plain_password="nope",
                       bootstrap_timeout_ms=2000)
-    assert "Authentication failed" in caplog.text, "\n".join(r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "WARNING"))
+    assert "Authentication failed" in caplog.text
 
 
 def test_aiokafka_authenticates_with_scram(sasl_broker):
@@ -308,8 +308,9 @@ def test_scram_credentials_can_be_set_without_sasl(tmp_path):
     b = start_broker(tmp_path)
     try:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
-        admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
-            "gina", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"pw")])["gina"].result(10)
+        sha512 = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion("gina", sha512, b"pw")])["gina"].result(10)
         described = admin.describe_user_scram_credentials(["gina"])["gina"].result(10)
         assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] \
             == [(ScramMechanism.SCRAM_SHA_512, 4096)]
