@@ -56,7 +56,6 @@ _TOPIC_TYPES: dict[str, int] = {
     "follower.replication.throttled.replicas": LIST,
     "leader.replication.throttled.replicas": LIST, "remote.storage.enable": BOOLEAN,
     "remote.log.copy.disable": BOOLEAN, "remote.log.delete.on.disable": BOOLEAN,
-    "message.format.version": STRING,
 }  # every other topic config is a LONG
 
 # Topic config -> the broker config that supplies its default (Kafka's synonym).
@@ -90,8 +89,6 @@ _BROKER_SYNONYM: dict[str, str] = {
     "compression.zstd.level": "compression.zstd.level",
     "local.retention.bytes": "log.local.retention.bytes",
     "local.retention.ms": "log.local.retention.ms",
-    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
-    "message.format.version": "log.message.format.version",
 }
 # Kafka's broker defaults for these are set in hours (the *.ms synonyms default to null,
 # and Kafka lists only synonyms that have a value).
@@ -152,16 +149,12 @@ _DOCS: dict[str, str] = {
                                  "makes a partition due for compaction.",
     "message.downconversion.enable": "Down-conversion for old fetch versions (accepted; "
                                      "fetch v4 and later need none).",
-    "message.format.version": "Record format of old brokers (accepted; batches are always "
-                              "magic 2).",
     "message.timestamp.type": "CreateTime keeps the producer's timestamps; LogAppendTime "
                               "stamps the broker's clock on every batch it stores.",
     "message.timestamp.before.max.ms": "How far before the broker's clock a CreateTime "
                                        "timestamp may be (INVALID_TIMESTAMP beyond).",
     "message.timestamp.after.max.ms": "How far after the broker's clock a CreateTime "
                                       "timestamp may be (INVALID_TIMESTAMP beyond).",
-    "message.timestamp.difference.max.ms": "Deprecated bound on CreateTime timestamps; "
-                                           "stands in for before/after bounds left unset.",
     "min.insync.replicas": "Live replicas (Raft members) an acks=all write needs, else "
                            "NOT_ENOUGH_REPLICAS.",
     "preallocate": "Preallocate segment files (accepted; segments grow as written).",

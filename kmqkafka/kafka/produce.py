@@ -361,7 +361,7 @@ class _RecordRules:
     """Topic rules Kafka checks record by record: a compacted topic takes no record without a
     key, and a CreateTime topic bounds how far record timestamps lie from the broker's clock
     (``message.timestamp.before.max.ms`` / ``after.max.ms``, by default unbounded / one hour
-    as in Kafka 4, and the older ``difference.max.ms`` for either left unset). A batch is
+    as in Kafka 4). A batch is
     decoded only when the bounds need it: with no ``before`` bound, a batch whose header's max
     timestamp is within ``after`` is within it record by record."""
 
@@ -377,9 +377,8 @@ class _RecordRules:
         compacted = "compact" in (topic.config_value("cleanup.policy") or "")
         before = after = _UNBOUNDED
         if not log_append:
-            diff = topic.configs.get("message.timestamp.difference.max.ms")
-            before = _timestamp_bound(topic, "message.timestamp.before.max.ms", diff)
-            after = _timestamp_bound(topic, "message.timestamp.after.max.ms", diff)
+            before = _timestamp_bound(topic, "message.timestamp.before.max.ms")
+            after = _timestamp_bound(topic, "message.timestamp.after.max.ms")
         if not compacted and before == after == _UNBOUNDED:
             return None
         return cls(compacted, before, after)
@@ -486,13 +485,9 @@ _UNBOUNDED = 2**63 - 1
 MAX_CHECKED_RECORDS = 200_000
 
 
-def _timestamp_bound(topic: Topic, name: str, diff: str | None) -> int:
-    """A timestamp bound of the topic (``_UNBOUNDED``: none). As in Kafka's LogConfig, an
-    explicit before/after bound wins over the deprecated ``difference.max.ms`` (``diff``, if
-    the topic sets it), which only stands in for a bound left unset; then the default."""
+def _timestamp_bound(topic: Topic, name: str) -> int:
+    """A timestamp bound of the topic (``_UNBOUNDED``: none): its own, else the default."""
     explicit = topic.configs.get(name)
-    if explicit is None and diff is not None:
-        explicit = diff
     return int(explicit if explicit is not None else TOPIC_CONFIG_DEFAULTS[name])
 
 

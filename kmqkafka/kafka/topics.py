@@ -91,9 +91,9 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "remote.storage.enable": "false",
     "remote.log.copy.disable": "false",
     "remote.log.delete.on.disable": "false",
-    "message.timestamp.difference.max.ms": "9223372036854775807",
-    "message.format.version": "3.0-IV1",
 }
+# Kafka 4.0 removed message.format.version (KIP-724) and message.timestamp.difference.max.ms
+# (KIP-937): like it, CreateTopics and AlterConfigs refuse them as unknown configs.
 
 _INT_CONFIGS = {
     "delete.retention.ms", "file.delete.delay.ms", "flush.messages", "flush.ms",
@@ -102,7 +102,7 @@ _INT_CONFIGS = {
     "min.compaction.lag.ms", "min.insync.replicas", "retention.bytes", "retention.ms",
     "segment.bytes", "segment.index.bytes", "segment.jitter.ms", "segment.ms",
     "compression.gzip.level", "compression.lz4.level", "compression.zstd.level",
-    "local.retention.bytes", "local.retention.ms", "message.timestamp.difference.max.ms",
+    "local.retention.bytes", "local.retention.ms",
 }
 
 # Lower bounds as Kafka's LogConfig states them (0 unless listed; None: no bound, as

@@ -10,8 +10,9 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
+from confluent_kafka import KafkaError as ConfluentKafkaError
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import AdminClient, ConfigResource, NewPartitions, ResourceType
 from confluent_kafka.admin import NewTopic as ConfluentNewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
@@ -143,24 +144,24 @@ def delivery_errors(bootstrap: str, topic: str, timestamps: list[int]) -> list[A
     return [e if e is None else e.code() for e in errors]
 
 
-def test_explicit_timestamp_bounds_win_over_the_deprecated_difference(
-        kafka: BrokerProcess) -> None:
-    """Kafka's LogConfig: ``message.timestamp.before/after.max.ms``, when set, replace
-    ``message.timestamp.difference.max.ms``, which only stands in for a bound left unset."""
-    import time
-
+def test_configs_kafka_4_removed_are_refused_as_unknown(kafka: BrokerProcess) -> None:
+    """Kafka 4.0 dropped ``message.format.version`` (KIP-724) and
+    ``message.timestamp.difference.max.ms`` (KIP-937, replaced by the before/after bounds):
+    CreateTopics refuses them as unknown configs, and DescribeConfigs no longer lists them."""
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    both, only_diff = unique("ts-both"), unique("ts-diff")
-    fs = admin.create_topics([
-        ConfluentNewTopic(both, 1, config={"message.timestamp.difference.max.ms": "60000",
-                                           "message.timestamp.before.max.ms": "3600000"}),
-        ConfluentNewTopic(only_diff, 1, config={"message.timestamp.difference.max.ms": "60000"})])
-    for f in fs.values():
-        f.result(WAIT)
-    now = int(time.time() * 1000)
-    stamps = [now - 600_000, now + 600_000]  # ten minutes old, ten minutes ahead
-    assert delivery_errors(kafka.bootstrap, both, stamps) == [None, 32]  # INVALID_TIMESTAMP
-    assert delivery_errors(kafka.bootstrap, only_diff, stamps) == [32, 32]
+    for name, value in (("message.format.version", "3.0"),
+                        ("message.timestamp.difference.max.ms", "60000")):
+        topic = unique("removed")
+        f = admin.create_topics([ConfluentNewTopic(topic, 1, config={name: value})])[topic]
+        with pytest.raises(KafkaException) as e:
+            f.result(WAIT)
+        assert e.value.args[0].code() == ConfluentKafkaError.INVALID_CONFIG, name
+    topic = unique("listed")
+    admin.create_topics([ConfluentNewTopic(topic, 1)])[topic].result(WAIT)
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    described = admin.describe_configs([resource])[resource].result(WAIT)
+    assert "message.timestamp.before.max.ms" in described
+    assert not {"message.format.version", "message.timestamp.difference.max.ms"} & set(described)
 
 
 def test_a_default_topic_takes_timestamps_up_to_an_hour_ahead_as_kafka_4(
