@@ -207,6 +207,16 @@ _BROKER_DOCS: dict[str, str] = {
                                        "non-empty group is refused (GROUP_ID_NOT_FOUND or "
                                        "INCONSISTENT_GROUP_PROTOCOL).",
     "log.cleaner.backoff.ms": "Pause of the cleaner when no partition is due for compaction.",
+    "connections.max.reauth.ms": "How long a SASL session lasts before the client must "
+                                 "authenticate again (KIP-368; 0: sessions do not expire).",
+    "sasl.enabled.mechanisms": "The SASL mechanisms both Kafka listeners ask for.",
+    "sasl.oauthbearer.jwks.endpoint.url": "Where the keys that sign OAUTHBEARER tokens are "
+                                          "read from.",
+    "sasl.oauthbearer.jwks.endpoint.refresh.ms": "How often that key set is read again.",
+    "sasl.oauthbearer.expected.audience": "Audiences an OAUTHBEARER token must name one of "
+                                          "(empty: not checked).",
+    "sasl.oauthbearer.expected.issuer": "The issuer an OAUTHBEARER token must name (empty: "
+                                        "not checked).",
     "log.retention.check.interval.ms": "How often retention is enforced on every partition.",
     "transaction.state.log.replication.factor": "Producer state lives in the replicated "
                                                 "store, not in a topic.",
@@ -283,16 +293,37 @@ def _replication_factors(ctx: RequestContext) -> dict[str, tuple[str, int, int]]
             for name, (default, kind) in _REPLICATION_FACTORS.items()}
 
 
+def _sasl_configs(s: Any) -> dict[str, tuple[str, int, int]]:
+    """The SASL broker configs in force, as Kafka names them (none while SASL is off)."""
+    if not s.kafka_sasl_mechanisms:
+        return {}
+    out = {"sasl.enabled.mechanisms": (",".join(s.kafka_sasl_mechanisms), SOURCE_STATIC_BROKER,
+                                       LIST)}
+    if "OAUTHBEARER" in s.kafka_sasl_mechanisms:
+        out.update({
+            "sasl.oauthbearer.jwks.endpoint.url": (s.kafka_sasl_oauthbearer_jwks_url,
+                                                   SOURCE_STATIC_BROKER, STRING),
+            "sasl.oauthbearer.jwks.endpoint.refresh.ms": (
+                str(s.kafka_sasl_oauthbearer_jwks_refresh_ms), SOURCE_STATIC_BROKER, LONG),
+            "sasl.oauthbearer.expected.audience": (s.kafka_sasl_oauthbearer_expected_audience,
+                                                   SOURCE_STATIC_BROKER, LIST),
+            "sasl.oauthbearer.expected.issuer": (s.kafka_sasl_oauthbearer_expected_issuer,
+                                                 SOURCE_STATIC_BROKER, STRING),
+        })
+    return out
+
+
 def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
     """The read-only broker configs this daemon reports, in name order."""
     s = ctx.broker.settings
     host, port = identity.advertised(ctx.broker, "PLAINTEXT")
     me = identity.node_id(ctx.broker)
-    listeners = f"PLAINTEXT://{s.kafka_bind_host}:{s.kafka_port}"
-    advertised = f"PLAINTEXT://{host}:{port}"
+    sasl = "SASL_" if s.kafka_sasl_mechanisms else ""  # the listeners' security protocols
+    listeners = f"{sasl}PLAINTEXT://{s.kafka_bind_host}:{s.kafka_port}"
+    advertised = f"{sasl}PLAINTEXT://{host}:{port}"
     if s.kafka_tls_enable:
-        listeners += f",SSL://{s.kafka_bind_host}:{s.kafka_tls_port}"
-        advertised += f",SSL://{s.kafka_advertised_host}:{s.kafka_tls_port}"
+        listeners += f",{sasl}SSL://{s.kafka_bind_host}:{s.kafka_tls_port}"
+        advertised += f",{sasl}SSL://{s.kafka_advertised_host}:{s.kafka_tls_port}"
     topics: TopicCatalog = ctx.broker.extras["topics"]
     values: dict[str, tuple[str, int, int]] = {
         "advertised.listeners": (advertised, SOURCE_STATIC_BROKER, LIST),
@@ -332,7 +363,11 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
             if s.kafka_log_retention_check_interval_ms
             == type(s).kafka_log_retention_check_interval_ms
             else SOURCE_STATIC_BROKER, LONG),
+        "connections.max.reauth.ms": (str(s.kafka_connections_max_reauth_ms),
+                                      SOURCE_STATIC_BROKER if s.kafka_connections_max_reauth_ms
+                                      else SOURCE_DEFAULT, LONG),
         **_replication_factors(ctx),
+        **_sasl_configs(s),
     }
     defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}
     topic_of: dict[str, str] = {}

@@ -408,3 +408,15 @@ def test_clients_authenticate_again_on_their_connections_when_sessions_expire(tm
         assert b.log().count("request after the SASL session expired") == 1
     finally:
         b.stop()
+
+
+def test_broker_configs_name_the_sasl_listeners_and_mechanisms(sasl_broker):
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = AdminClient(settings(sasl_broker, "PLAIN"))
+    resource = ConfigResource(ResourceType.BROKER, "1")
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["sasl.enabled.mechanisms"].value == ",".join(MECHANISMS)
+    assert configs["listeners"].value.startswith("SASL_PLAINTEXT://")
+    assert ",SASL_SSL://" in configs["advertised.listeners"].value
+    assert configs["connections.max.reauth.ms"].value == "0"
