@@ -159,3 +159,45 @@ def test_aiokafka_authenticates_with_a_token_provider(oauth_broker):
             await p.stop()
 
     asyncio.run(run())
+
+
+def test_librdkafka_fetches_its_token_from_an_oidc_endpoint(oauth_broker):
+    """librdkafka's own OIDC client-credentials flow (sasl.oauthbearer.method=oidc): it asks a
+    token endpoint (here a local one) for a JWT and presents it."""
+    import base64
+    import urllib.parse
+
+    asked: list[dict] = []
+
+    class TokenEndpoint(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            form = urllib.parse.parse_qs(
+                self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
+            auth = base64.b64decode(self.headers.get("Authorization", "Basic ").split()[-1])
+            asked.append({"grant": form.get("grant_type"), "client": auth.decode()})
+            body = json.dumps({"access_token": token(KEY, sub="oidc-client"),
+                               "token_type": "bearer", "expires_in": 600}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((HOST, 0), TokenEndpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        common = {"bootstrap.servers": f"{HOST}:{oauth_broker.kafka_port}",
+                  "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "OAUTHBEARER",
+                  "sasl.oauthbearer.method": "oidc",
+                  "sasl.oauthbearer.client.id": "orders-svc",
+                  "sasl.oauthbearer.client.secret": "s3cret",
+                  "sasl.oauthbearer.token.endpoint.url":
+                      f"http://{HOST}:{server.server_address[1]}/token"}
+        assert authenticates(common)
+        assert asked and asked[0]["grant"] == ["client_credentials"]
+        assert asked[0]["client"] == "orders-svc:s3cret"
+    finally:
+        server.shutdown()
