@@ -3,8 +3,8 @@ else (``net/sasl.py`` holds the mechanisms and the per-connection state). Beside
 credential APIs, DescribeUserScramCredentials (50) and AlterUserScramCredentials (51), served
 whether SASL is on or not, as Kafka does (``scram_credentials.py`` stores what they change).
 
-Registered only when SASL is on (``CONNECTORS_KAFKA_SASL_MECHANISMS``), so ApiVersions
-advertises them exactly when they work. After SaslHandshake v1 the exchange travels in
+The two SASL APIs are registered only when SASL is on (``CONNECTORS_KAFKA_SASL_MECHANISMS``),
+so ApiVersions advertises them exactly when they work. After SaslHandshake v1 the exchange travels in
 SaslAuthenticate requests; after v0 (older clients) in bare length-prefixed tokens, which the
 connection hands to the session itself (``KafkaProtocol._raw_sasl_token``). A refused
 mechanism, refused credentials, or a request out of order is answered with its error code and
@@ -47,8 +47,9 @@ def sasl_handshake(request: Any, ctx: RequestContext) -> Any:
         code = ErrorCode.unsupported_sasl_mechanism
     except IllegalSaslState:
         code = ErrorCode.illegal_sasl_state
-    # Refused before authentication: the connection closes after the answer. After it (a
-    # client trying KIP-368 re-authentication, which is not offered) Kafka keeps it open.
+    # Refused before authentication: the connection closes after the answer. A handshake
+    # refused after it (re-authentication while sessions do not expire, or with another
+    # mechanism) leaves the session as it was, and Kafka keeps the connection open.
     session.failed = not session.authenticated
     return make(ctx.response_type, error_code=code, mechanisms=mechanisms)
 
