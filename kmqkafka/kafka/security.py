@@ -48,8 +48,8 @@ def sasl_handshake(request: Any, ctx: RequestContext) -> Any:
     except IllegalSaslState:
         code = ErrorCode.illegal_sasl_state
     # Refused before authentication: the connection closes after the answer. A handshake
-    # refused after it (re-authentication while sessions do not expire, or with another
-    # mechanism) leaves the session as it was, and Kafka keeps the connection open.
+    # refused after it (re-authentication while sessions do not expire, as Kafka answers it
+    # then, or with another mechanism) leaves the session and the connection as they were.
     session.failed = not session.authenticated
     return make(ctx.response_type, error_code=code, mechanisms=mechanisms)
 
