@@ -59,6 +59,28 @@ def oauth_broker(tmp_path_factory) -> BrokerProcess:
         b.stop()
 
 
+def json_server(respond) -> http.server.ThreadingHTTPServer:
+    """A local HTTP server, in a thread, answering every GET and POST with the JSON bytes
+    ``respond(handler)`` returns (an identity provider's JWKS or token endpoint)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = respond(self)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 def settings(port: int, jwt_text: str) -> dict:
     return {"bootstrap.servers": f"{HOST}:{port}", "security.protocol": "SASL_PLAINTEXT",
             "sasl.mechanisms": "OAUTHBEARER",
@@ -104,22 +126,7 @@ def test_a_jwks_fetched_over_http_is_used_and_refreshed(tmp_path):
     """The key set comes from an HTTP endpoint, and a key published later is picked up at the
     next refresh (rotation)."""
     published = {"doc": jwks_of(KEY, "k1")}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = published["doc"]
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = json_server(lambda _handler: published["doc"])
     b = start_broker(tmp_path, env={
         "CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
         "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL":
@@ -169,25 +176,15 @@ def test_librdkafka_fetches_its_token_from_an_oidc_endpoint(oauth_broker):
 
     asked: list[dict] = []
 
-    class TokenEndpoint(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            form = urllib.parse.parse_qs(
-                self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
-            auth = base64.b64decode(self.headers.get("Authorization", "Basic ").split()[-1])
-            asked.append({"grant": form.get("grant_type"), "client": auth.decode()})
-            body = json.dumps({"access_token": token(KEY, sub="oidc-client"),
-                               "token_type": "bearer", "expires_in": 600}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def issue(request: http.server.BaseHTTPRequestHandler) -> bytes:
+        form = urllib.parse.parse_qs(
+            request.rfile.read(int(request.headers.get("Content-Length") or 0)).decode())
+        auth = base64.b64decode(request.headers.get("Authorization", "Basic ").split()[-1])
+        asked.append({"grant": form.get("grant_type"), "client": auth.decode()})
+        return json.dumps({"access_token": token(KEY, sub="oidc-client"),
+                           "token_type": "bearer", "expires_in": 600}).encode()
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer((HOST, 0), TokenEndpoint)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = json_server(issue)
     try:
         common = {"bootstrap.servers": f"{HOST}:{oauth_broker.kafka_port}",
                   "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "OAUTHBEARER",
