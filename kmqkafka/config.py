@@ -41,7 +41,7 @@ class Setting:
     table: str
     key: str
     kind: str  # bool|port|port0|size|posint|posint0|host|path|optpath|peers|clientauth|
-    # mechanisms|users|jwks|text
+    # mechanisms|users|jwks|text|principals
     default: Any
     help: str
 
@@ -161,6 +161,20 @@ SETTINGS: tuple[Setting, ...] = (
             "CONNECTORS_KAFKA_SASL_OAUTHBEARER_EXPECTED_ISSUER",
             "kafka-sasl-oauthbearer-expected-issuer", "kafka", "sasl_oauthbearer_expected_issuer",
             "text", "", "the issuer a token must name (empty: not checked)"),
+    Setting("kafka_acl_enable", "CONNECTORS_KAFKA_ACL_ENABLE", "kafka-acl-enable", "kafka",
+            "acl_enable", "bool", False,
+            "authorize every request by the ACLs created through CreateAcls (Kafka's "
+            "StandardAuthorizer); off = everyone may do everything and the ACL APIs answer "
+            "SECURITY_DISABLED"),
+    Setting("kafka_super_users", "CONNECTORS_KAFKA_SUPER_USERS", "kafka-super-users", "kafka",
+            "super_users", "principals", "",
+            "principals ACLs never restrict, semicolon-separated (User:admin;User:CN=ops), as "
+            "Kafka's super.users"),
+    Setting("kafka_allow_everyone_if_no_acl_found",
+            "CONNECTORS_KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND",
+            "kafka-allow-everyone-if-no-acl-found", "kafka", "allow_everyone_if_no_acl_found",
+            "bool", False, "a resource no ACL names is open to everyone (Kafka's "
+            "allow.everyone.if.no.acl.found); off = only super users may use it"),
     Setting("data_dir", "KMQKAFKA_DATA_DIR", "data-dir", "server", "data_dir", "path",
             "./kmq-data", "directory of the channel store"),
     Setting("page_cache_bytes", "KMQKAFKA_PAGE_CACHE_BYTES", "page-cache-bytes", "server",
@@ -318,6 +332,9 @@ class Settings:
     kafka_sasl_oauthbearer_jwks_refresh_ms: int = 3600000
     kafka_sasl_oauthbearer_expected_audience: str = ""
     kafka_sasl_oauthbearer_expected_issuer: str = ""
+    kafka_acl_enable: bool = False
+    kafka_super_users: tuple[str, ...] = ()
+    kafka_allow_everyone_if_no_acl_found: bool = False
     data_dir: Path = Path("./kmq-data")
     page_cache_bytes: int = 64 << 20
     http_port: int = 8080
@@ -390,6 +407,8 @@ def _parse(s: Setting, raw: Any) -> Any:
         return value
     if s.kind == "mechanisms":
         return _mechanisms(raw, bad)
+    if s.kind == "principals":
+        return _principals(raw, bad)
     if s.kind == "users":  # never echo the value: it holds passwords
         return _users(raw, lambda why: ConfigError(f"invalid setting {_name(s)}: {why}"))
     if not isinstance(raw, str):
@@ -438,6 +457,24 @@ def _mechanisms(raw: Any, bad: Any) -> tuple[str, ...]:
         if name not in names:
             names.append(name)
     return tuple(names)
+
+
+def _principals(raw: Any, bad: Any) -> tuple[str, ...]:
+    """``Type:name;Type:name`` text (semicolons, since a certificate's name has commas), or a
+    TOML list."""
+    items = raw if isinstance(raw, list) else str(raw).split(";")
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise bad("is not a list of principals")
+        text = item.strip()
+        if not text:
+            continue
+        kind, colon, name = text.partition(":")
+        if not colon or not kind.strip() or not name.strip():
+            raise bad(f"names {text!r}, not a principal Type:name (User:alice)")
+        out.append(f"{kind.strip()}:{name.strip()}")
+    return tuple(out)
 
 
 def _users(raw: Any, bad: Any) -> tuple[tuple[str, str], ...]:

@@ -23,6 +23,8 @@ from kmqkafka.kafka import (
     metadata, offsets, placement, positions, produce, producers, quorum, security, share_groups,
     share_offsets, transactions,
 )
+from kmqkafka.kafka.acl_store import StoredAcls
+from kmqkafka.kafka.authz import Authorizer
 from kmqkafka.kafka.context import Broker
 from kmqkafka.kafka.scram_credentials import ScramCredentials
 from kmqkafka.kafka import quotas
@@ -118,6 +120,9 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     share_groups.install(broker)  # broker.extras["share_groups"] (KIP-932)
     register_handlers(dispatcher)
     broker.extras["scram"] = ScramCredentials(store)  # AlterUserScramCredentials' store
+    if settings.kafka_acl_enable:  # handlers check through ``kafka.authz``
+        broker.extras["authorizer"] = Authorizer(StoredAcls(
+            store, settings.kafka_super_users, settings.kafka_allow_everyone_if_no_acl_found))
     sasl_users = None
     if settings.kafka_enable and settings.kafka_sasl_mechanisms:
         sasl_users = SaslUsers(settings.kafka_sasl_mechanisms, settings.kafka_sasl_users,

@@ -279,7 +279,7 @@ class Coordination:
         if ctx.api_key == JOIN_GROUP:
             timeout = max(timeout, _ms(getattr(request, "rebalance_timeout",
                                                request.session_timeout)) / 1000 + 10)
-        return self.forwarder.call(where[0], where[1], request, wrap(ctx.peer, ctx.client_id),
+        return self.forwarder.call(where[0], where[1], request, wrap(ctx.peer, ctx.principal, ctx.client_id),
                                    exclusive=parked, timeout_s=timeout)
 
 
@@ -294,13 +294,36 @@ def top_level_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
 
 
 def _relayed_ctx(ctx: RequestContext) -> tuple[RequestContext, bool]:
+    """A relayed request's context as its client sent it: the original peer and client id,
+    and, when the relaying connection is another node's, the original principal (authorized
+    by ACLs here). A connection that merely claims to relay keeps its own principal."""
     from kmqkafka.net.forward import unwrap
 
     original = unwrap(ctx.client_id)
     if original is None:
         return ctx, False
-    peer, client_id = original
-    return dataclasses.replace(ctx, peer=peer, client_id=client_id), True
+    peer, principal, client_id = original
+    if not _relays_for_nodes(ctx):
+        principal = ctx.principal
+    return dataclasses.replace(ctx, peer=peer, principal=principal, client_id=client_id), True
+
+
+def _relays_for_nodes(ctx: RequestContext) -> bool:
+    """Does this connection come from a node of the cluster? With SASL it authenticated as the
+    user nodes relay as (``SaslUsers.node_credentials``); without, it comes from a peer's
+    configured host (or loopback, for peers named by a loopback address)."""
+    broker = ctx.broker
+    sasl = broker.extras.get("sasl")
+    if sasl is not None:
+        node = sasl.node_credentials
+        return node is not None and ctx.principal == f"User:{node[1]}"
+    from kmqkafka.kafka.authz import host_of
+
+    hosts = {p.kafka_host for p in broker.settings.peers} | {
+        p.raft_host for p in broker.settings.peers}
+    if hosts & {"localhost", "127.0.0.1", "::1"}:
+        hosts |= {"127.0.0.1", "::1", "localhost"}
+    return host_of(ctx.peer) in hosts
 
 
 def coordinated(handler: Callable[[Any, RequestContext], Any],

@@ -6,9 +6,11 @@ re-sends it to the leader as a Kafka client would: the decoded kio request is wr
 Kafka endpoint, and the leader's decoded response is handed back to the dispatcher, which
 writes it with the client's own correlation id.
 
-The request header's client id is ``FORWARD_PREFIX + "<peer>|<client id>"``: the leader takes
-the original peer and client id back from it (``unwrap``) and never forwards such a request a
-second time (a stale view of who leads answers NOT_COORDINATOR instead of bouncing).
+The request header's client id is ``FORWARD_PREFIX + "<peer>|<principal>|<client id>"`` (the
+principal percent-quoted): the leader takes the original peer, principal and client id back
+from it (``unwrap``), authorizes the request as that principal when it trusts the relaying
+connection (``groups._relayed_ctx``), and never forwards such a request a second time (a stale
+view of who leads answers NOT_COORDINATOR instead of bouncing).
 
 Connections: a Kafka connection answers strictly in request order, so a parked call (JoinGroup,
 SyncGroup) would hold back everything queued behind it. Quick calls share one pooled connection
@@ -23,6 +25,7 @@ from __future__ import annotations
 import io
 import struct
 from typing import Any
+from urllib.parse import quote, unquote
 
 from kio.index import load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -41,16 +44,18 @@ class ForwardError(Exception):
     """The leader could not be reached, dropped the connection, or did not answer in time."""
 
 
-def wrap(peer: str, client_id: str | None) -> str:
-    return f"{FORWARD_PREFIX}{peer}|{client_id or ''}"
+def wrap(peer: str, principal: str, client_id: str | None) -> str:
+    return f"{FORWARD_PREFIX}{peer}|{quote(principal, safe=':=,@. ')}|{client_id or ''}"
 
 
-def unwrap(client_id: str | None) -> tuple[str, str | None] | None:
-    """``(peer, client_id)`` of a forwarded request's header client id, else None."""
+def unwrap(client_id: str | None) -> tuple[str, str, str | None] | None:
+    """``(peer, principal, client_id)`` of a forwarded request's header client id, else
+    None."""
     if not client_id or not client_id.startswith(FORWARD_PREFIX):
         return None
-    peer, _, original = client_id[len(FORWARD_PREFIX):].partition("|")
-    return peer, original or None
+    peer, _, rest = client_id[len(FORWARD_PREFIX):].partition("|")
+    principal, _, original = rest.partition("|")
+    return peer, unquote(principal), original or None
 
 
 def encode_request(request: Any, correlation_id: int, client_id: str) -> bytes:

@@ -52,6 +52,7 @@ from kmqkafka.net.forward import FORWARD_PREFIX
 from kmqkafka.net.sasl import SaslUsers
 from kmqkafka.net import fast_bodies, fast_requests, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
+from kmqkafka.net.tls import certificate_principal
 
 MAX_IN_FLIGHT = 64
 FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
@@ -138,6 +139,7 @@ class KafkaProtocol(Protocol):
         self._fills = False  # a large request may be read into a buffer of its own
         users = factory.sasl_users
         self.sasl = users.session() if users is not None else None  # None: no SASL
+        self._tls_principal: str | None = None  # set at the first request (``_principal``)
         self._fill: bytearray | None = None
         self._filled = 0
 
@@ -348,7 +350,7 @@ class KafkaProtocol(Protocol):
             client_id=header.client_id,
             response_type=response_type,
             broker=self.factory.broker,
-            principal=ANONYMOUS if self.sasl is None else self.sasl.principal,
+            principal=self._principal(),
             peer=self.peer,
             listener=self.factory.listener,
             sasl=self.sasl,
@@ -363,6 +365,20 @@ class KafkaProtocol(Protocol):
             self.hold_reading("in_flight", True)
         self._waiting.append((slot, request))
         self._start_waiting()
+
+    def _principal(self) -> str:
+        """The SASL session's principal; else a TLS client certificate's; else ANONYMOUS."""
+        if self.sasl is not None:
+            return self.sasl.principal
+        if self._tls_principal is None:
+            found = None
+            if self.factory.listener == "SSL":
+                try:
+                    found = certificate_principal(self.transport)
+                except Exception:  # no handshake yet, or a certificate we cannot name
+                    found = None
+            self._tls_principal = found or ANONYMOUS
+        return self._tls_principal
 
     def _raw_sasl_token(self, frame: memoryview) -> None:
         """After a v0 SaslHandshake a frame is a bare SASL token, answered by a bare one

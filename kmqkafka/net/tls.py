@@ -80,3 +80,14 @@ def server_context(cert: Path, key: Path, ca: Path | None = None,
 
 
 __all__ = ["server_context"]
+
+
+def certificate_principal(transport: object) -> str | None:
+    """``User:<distinguished name>`` of the client certificate a TLS connection presented
+    (RFC 4514 form, most specific part first, as Kafka's default SSL principal builder
+    writes it: ``User:CN=app,O=acme,C=US``); None without one."""
+    get = getattr(transport, "getPeerCertificate", None)
+    cert = get() if get is not None else None
+    if cert is None:
+        return None
+    return "User:" + cert.to_cryptography().subject.rfc4514_string()

@@ -231,7 +231,7 @@ def test_requests_another_node_relays_overlap() -> None:
     parked, slow = parking()
     h.dispatcher.register(18, slow, 0, 4)
     proto, transport = h.connect()
-    proto.dataReceived(b"".join(api_versions_frame(0, c, wrap("10.0.0.%d:1" % c, "app"))
+    proto.dataReceived(b"".join(api_versions_frame(0, c, wrap("10.0.0.%d:1" % c, "User:ANONYMOUS", "app"))
                                 for c in (1, 2, 3)))
     assert sorted(parked) == [1, 2, 3]
     for c in (3, 2, 1):

@@ -154,6 +154,9 @@ def test_find_coordinator_and_metadata_name_the_raft_leader():
 
 
 def test_forwarded_client_id_round_trips():
-    assert unwrap(wrap("10.0.0.1:5555", "app")) == ("10.0.0.1:5555", "app")
-    assert unwrap(wrap("h:1", None)) == ("h:1", None)
+    assert unwrap(wrap("10.0.0.1:5555", "User:alice", "app")) == (
+        "10.0.0.1:5555", "User:alice", "app")
+    assert unwrap(wrap("h:1", "User:ANONYMOUS", None)) == ("h:1", "User:ANONYMOUS", None)
+    odd = "User:CN=a|b,O=x%y"  # a certificate's name may hold the separator
+    assert unwrap(wrap("h:1", odd, "c|d")) == ("h:1", odd, "c|d")
     assert unwrap("app") is None and unwrap(None) is None
