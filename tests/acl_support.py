@@ -18,9 +18,11 @@ from confluent_kafka.admin import (
 from conftest import HOST, BrokerProcess, start_broker
 
 USERS = ("admin", "alice", "bob")
+CLUSTER = ResourceType.BROKER  # librdkafka's name for Kafka's CLUSTER resource type (code 4)
+CLUSTER_NAME = "kafka-cluster"
 WAIT = 15.0
 
-__all__ = ["AclOperation", "AclPermissionType", "ResourcePatternType", "ResourceType",
+__all__ = ["CLUSTER", "CLUSTER_NAME", "AclOperation", "AclPermissionType", "ResourcePatternType", "ResourceType",
            "acl_env", "admin_client", "allow", "deny", "grant", "revoke_all", "sasl",
            "start_acl_broker"]
 

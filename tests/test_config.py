@@ -99,6 +99,9 @@ BAD_VALUES = [
     ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/tls"),
     ("KMQKAFKA_PEERS", "1=127.0.0.1:19001/127.0.0.1:9092/70000"),
     ("KMQKAFKA_PEERS", "-1=127.0.0.1:19001"),
+    ("CONNECTORS_KAFKA_SUPER_USERS", "admin"),
+    ("CONNECTORS_KAFKA_SUPER_USERS", "User:admin;Group:"),
+    ("CONNECTORS_KAFKA_ACL_ENABLE", "maybe"),
 ]
 
 
@@ -112,6 +115,15 @@ BAD_VALUES = [
 ])
 def test_host_names_and_addresses_are_accepted(name: str, value: str) -> None:
     load_settings({}, {name: value})
+
+
+def test_super_users_are_semicolon_separated_principals_or_a_list(tmp_path: Path) -> None:
+    s = load_settings({}, {"CONNECTORS_KAFKA_SUPER_USERS": " User:admin ; User:CN=ops,O=acme;"})
+    assert s.kafka_super_users == ("User:admin", "User:CN=ops,O=acme")
+    f = tmp_path / "k.toml"
+    f.write_text('[kafka]\nsuper_users = ["User:root"]\nacl_enable = true\n')
+    s = load_settings({}, {}, f)
+    assert s.kafka_super_users == ("User:root",) and s.kafka_acl_enable
 
 
 def test_group_session_timeout_minimum_above_maximum_is_one_line() -> None:

@@ -9,6 +9,12 @@ fires once the change is durable. DeleteRecords goes to the store directly
 
 Every Raft member holds every partition: the replication factor is the member count (a
 higher one cannot be met), and a manual assignment must list each member once, in any order.
+
+With ACLs on (``kafka.authz``) each topic is authorized as Kafka 4's controller does:
+CreateTopics needs CREATE on the cluster or on the topic (and DESCRIBE_CONFIGS on it to be told
+its configs), DeleteTopics DELETE (on the cluster or the topic), CreatePartitions ALTER and
+DeleteRecords DELETE on the topic; a refused topic is TOPIC_AUTHORIZATION_FAILED and the others
+go on. A topic the principal may not DESCRIBE is never said to be missing.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.configs import broker_topic_defaults, topic_config_entries
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
@@ -69,15 +75,30 @@ def _duplicates(names: list[Any]) -> set[Any]:
     return {n for n, k in Counter(names).items() if k > 1}
 
 
+def _may(ctx: RequestContext, operation: int, topic: str) -> bool:
+    return authz.allowed(ctx, operation, authz.TOPIC, topic)
+
+
+def _may_on_cluster(ctx: RequestContext, operation: int) -> bool:
+    return authz.allowed(ctx, operation, authz.CLUSTER, authz.CLUSTER_NAME)
+
+
+def _topic_refused(message: str | None = None) -> Deferred:
+    return _error(ErrorCode.topic_authorization_failed, message)
+
+
 # --- CreateTopics -----------------------------------------------------------------------
 
 
 def create_topics(request: Any, ctx: RequestContext) -> Deferred:
     """Create each topic; answers per topic with partitions, replication factor and configs
-    (v5+) and the topic id (v7+). ``validate_only`` reports the same outcome, changing nothing."""
+    (v5+) and the topic id (v7+). ``validate_only`` reports the same outcome, changing nothing.
+    CREATE on the cluster, or else on each topic, is needed (checked before anything about the
+    topic, so a refused name reveals nothing)."""
     topics = _catalog(ctx)
     everyone = identity.replica_ids(ctx.broker)
     dup = _duplicates([t.name for t in request.topics])
+    on_cluster = _may_on_cluster(ctx, authz.CREATE)
     names: list[str] = []
     work: list[Deferred] = []
     for t in request.topics:
@@ -86,6 +107,8 @@ def create_topics(request: Any, ctx: RequestContext) -> Deferred:
         names.append(t.name)
         if t.name in dup:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))  # KRaft's
+        elif not (on_cluster or _may(ctx, authz.CREATE, t.name)):
+            work.append(_topic_refused("Authorization failed."))  # Kafka's controller's words
         else:
             work.append(_outcome(lambda t=t: _create_one(topics, t, everyone,
                                                          request.validate_only)))
@@ -185,6 +208,16 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
                                 error_code=code, error_message=message, num_partitions=-1,
                                 replication_factor=-1, configs=None))
             continue
+        topic_id = _ZERO_UUID if validate_only else topic.topic_id
+        if not _may(ctx, authz.DESCRIBE_CONFIGS, name):
+            # Created, but its configs (and, as Kafka's controller leaves them, partition count
+            # and replication factor) are not told to who may not describe them.
+            results.append(make(
+                t.CreatableTopicResult, name=name, topic_id=topic_id, error_code=ErrorCode.none,
+                error_message=None,
+                topic_config_error_code=ErrorCode.topic_authorization_failed,
+                num_partitions=-1, replication_factor=-1, configs=()))
+            continue
         configs = None
         if hasattr(t, "CreatableTopicConfigs"):  # v5+
             configs = tuple(
@@ -193,8 +226,7 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
                 for e in topic_config_entries(topic, None, broker_topic_defaults(ctx))
             )
         results.append(make(
-            t.CreatableTopicResult, name=name,
-            topic_id=_ZERO_UUID if validate_only else topic.topic_id,
+            t.CreatableTopicResult, name=name, topic_id=topic_id,
             error_code=ErrorCode.none, error_message=None, num_partitions=topic.partitions,
             replication_factor=len(identity.replica_ids(ctx.broker)), configs=configs))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
@@ -204,8 +236,11 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
 
 
 def delete_topics(request: Any, ctx: RequestContext) -> Deferred:
-    """Delete topics by name (all versions) or by topic id (v6+), answering per topic."""
+    """Delete topics by name (all versions) or by topic id (v6+), answering per topic. DELETE
+    on the cluster, or else on each topic, is needed; a refused topic known by id is named only
+    to who may DESCRIBE it, and an unknown name is UNKNOWN_TOPIC_OR_PARTITION only to them."""
     topics = _catalog(ctx)
+    on_cluster = _may_on_cluster(ctx, authz.DELETE)
     if hasattr(request, "topic_names"):
         wanted = [(name, None) for name in request.topic_names]
     else:
@@ -227,8 +262,21 @@ def delete_topics(request: Any, ctx: RequestContext) -> Deferred:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))
         elif topic_id in dup_ids:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic id."))
-        else:
+        elif on_cluster:
             work.append(_outcome(lambda n=name, i=topic_id: _delete_retrying(topics, n, i)))
+        elif name is None:
+            found = topics.by_id(topic_id)
+            if found is not None and not _may(ctx, authz.DELETE, found.name):
+                if _may(ctx, authz.DESCRIBE, found.name):
+                    entries[-1] = (found.name, topic_id)
+                work.append(_topic_refused())
+            else:  # an unknown id is UNKNOWN_TOPIC_ID, which reveals no name
+                work.append(_outcome(lambda i=topic_id: _delete_retrying(topics, None, i)))
+        elif not _may(ctx, authz.DELETE, name) and (
+                topics.get(name) is not None or not _may(ctx, authz.DESCRIBE, name)):
+            work.append(_topic_refused())
+        else:
+            work.append(_outcome(lambda n=name: _delete_retrying(topics, n, None)))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _delete_response(ctx, entries, outcomes))
 
@@ -267,7 +315,7 @@ def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
     """Grow topics under the seed's increase-only rules (1..256; equal, smaller and > 256 are
     INVALID_PARTITIONS with the seed's messages). Assignments, when given, must name one new
     partition each, listing every member. ``validate_only`` reports the same outcome, changing
-    nothing."""
+    nothing. ALTER on the topic is needed."""
     topics = _catalog(ctx)
     everyone = identity.replica_ids(ctx.broker)
     dup = _duplicates([t.name for t in request.topics])
@@ -279,6 +327,8 @@ def create_partitions(request: Any, ctx: RequestContext) -> Deferred:
         names.append(t.name)
         if t.name in dup:
             work.append(_error(ErrorCode.invalid_request, "Duplicate topic name."))
+        elif not _may(ctx, authz.ALTER, t.name):
+            work.append(_topic_refused())
         else:
             work.append(_outcome(lambda t=t: topics.retrying(
                 lambda: _grow_one(topics, t, everyone, request.validate_only))))
@@ -319,16 +369,21 @@ def _partitions_response(ctx: RequestContext, names: list[str], outcomes: list[O
 def delete_records(request: Any, ctx: RequestContext) -> Deferred:
     """Move each partition's log start up to the requested offset; answers the new low
     watermark. Offset -1 means the high watermark; past it is OFFSET_OUT_OF_RANGE; a
-    compact-only topic is POLICY_VIOLATION, as in Kafka."""
+    compact-only topic is POLICY_VIOLATION, as in Kafka. DELETE on the topic is needed (every
+    partition of a refused topic is TOPIC_AUTHORIZATION_FAILED)."""
     topics = _catalog(ctx)
     store = ctx.broker.store
     shape: list[tuple[str, list[int]]] = []
     work: list[Deferred] = []
     for rt in request.topics:
         topic = topics.get(rt.name)
+        permitted = _may(ctx, authz.DELETE, rt.name)
         indexes = []
         for rp in rt.partitions:
             indexes.append(rp.partition_index)
+            if not permitted:
+                work.append(_topic_refused())
+                continue
             work.append(_outcome(lambda topic=topic, rp=rp: _truncate(store, topic, rp)))
         shape.append((rt.name, indexes))
     d = gatherResults(work, consumeErrors=True)

@@ -3,8 +3,13 @@
 Every live Raft member is a broker (``identity.brokers``), every member a replica of every
 partition (the live ones in sync, the others offline); the Raft leader is the controller and
 the leader of every partition (a lone node is all of these; no known leader: this node is named
-controller and forwards, partitions LEADER_NOT_AVAILABLE). There is no authorizer yet, so authorized-operation
-bitfields, when asked for, list every operation Kafka defines for the resource.
+controller and forwards, partitions LEADER_NOT_AVAILABLE).
+
+ACLs (as Kafka): DescribeCluster checks nothing but reports the principal's operations on the
+cluster (0 without DESCRIBE on it) when asked; DescribeTopicPartitions lists only the topics the
+principal may DESCRIBE, and a named one it may not answers TOPIC_AUTHORIZATION_FAILED, listed
+after the others; DescribeLogDirs needs DESCRIBE on the cluster (else CLUSTER_AUTHORIZATION_FAILED
+and no results; before v3, which has no error code, just no results).
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
-from kmqkafka.kafka.acl import CLUSTER_OPERATIONS, NOT_REQUESTED, TOPIC_OPERATIONS, operations
+from kmqkafka.kafka import authz, identity
+from kmqkafka.kafka.acl import NOT_REQUESTED, authorized_operations
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.topics import INTERNAL_TOPICS, Topic, TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -72,7 +77,7 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
                     endpoint_type=endpoint_type, cluster_id=identity.cluster_id(ctx.broker),
                     controller_id=-1, brokers=(), cluster_authorized_operations=NOT_REQUESTED)
     leader = identity.leader(ctx.broker)
-    ops = operations(request.include_cluster_authorized_operations, CLUSTER_OPERATIONS)
+    ops = cluster_operations(ctx, request.include_cluster_authorized_operations)
     return make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         error_message=None, endpoint_type=ENDPOINT_BROKERS,
@@ -84,6 +89,14 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
                           ctx, getattr(request, "include_fenced_brokers", False))),
         cluster_authorized_operations=ops,
     )
+
+
+def cluster_operations(ctx: RequestContext, requested: bool) -> int:
+    """The cluster's authorized-operations field (DescribeCluster, Metadata v8-v10): as Kafka,
+    0 for a principal that may not DESCRIBE the cluster, "not requested" unless asked."""
+    if requested and not authz.allowed(ctx, authz.DESCRIBE, authz.CLUSTER, authz.CLUSTER_NAME):
+        return 0
+    return authorized_operations(ctx, requested, authz.CLUSTER, authz.CLUSTER_NAME)
 
 
 # --- DescribeTopicPartitions (KIP-966) --------------------------------------------------
@@ -116,9 +129,19 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
     leader = identity.leader(ctx.broker)
     replicas = identity.replicas(ctx.broker, identity.brokers(ctx.broker, ctx.listener))
     out = []
+    unauthorized = []
     next_cursor = None
     for i, name in enumerate(names):
         first = start_index if i == 0 else 0
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, name):
+            # Never says whether it exists; left out of a listing of every topic.
+            if not fetch_all:
+                unauthorized.append(make(
+                    t.DescribeTopicPartitionsResponseTopic,
+                    error_code=ErrorCode.topic_authorization_failed, name=name,
+                    topic_id=_ZERO_UUID, is_internal=False, partitions=(),
+                    topic_authorized_operations=NOT_REQUESTED))
+            continue
         topic = topics.get(name)
         if topic is None:
             out.append(make(t.DescribeTopicPartitionsResponseTopic,
@@ -131,19 +154,21 @@ def describe_topic_partitions(request: Any, ctx: RequestContext) -> Any:
             break
         last = min(topic.partitions, first + budget)
         out.append(_topic_entry(t, topic, range(first, last), leader, replicas,
-                                identity.leader_epoch(ctx.broker)))
+                                identity.leader_epoch(ctx.broker),
+                                authorized_operations(ctx, True, authz.TOPIC, topic.name)))
         budget -= last - first
         if last < topic.partitions:
             next_cursor = make(t.Cursor, topic_name=name, partition_index=last)
             break
-    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out),
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, topics=tuple(out + unauthorized),
                 next_cursor=next_cursor)
 
 
 def _topic_entry(t: Any, topic: Topic, indexes: range, leader: int | None,
                  replicas: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
-                 epoch: int) -> Any:
-    """``replicas``: ``(replicas, isr, offline)`` from ``identity.replicas``."""
+                 epoch: int, ops: int) -> Any:
+    """``replicas``: ``(replicas, isr, offline)`` from ``identity.replicas``; ``ops`` the
+    principal's authorized operations on the topic (Kafka always reports them here)."""
     code = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
     everyone, isr, offline = replicas
     partitions = tuple(
@@ -156,7 +181,7 @@ def _topic_entry(t: Any, topic: Topic, indexes: range, leader: int | None,
     )
     return make(t.DescribeTopicPartitionsResponseTopic, error_code=ErrorCode.none,
                 name=topic.name, topic_id=topic.topic_id, is_internal=topic.name in INTERNAL_TOPICS,
-                partitions=partitions, topic_authorized_operations=TOPIC_OPERATIONS)
+                partitions=partitions, topic_authorized_operations=ops)
 
 
 # --- DescribeLogDirs --------------------------------------------------------------------
@@ -169,6 +194,10 @@ def describe_log_dirs(request: Any, ctx: RequestContext) -> Any:
     Kafka does. Total and usable bytes come from one statvfs of the data dir.
     """
     t = types_of(ctx)
+    if not authz.allowed(ctx, authz.DESCRIBE, authz.CLUSTER, authz.CLUSTER_NAME):
+        # The error code field exists from v3; older versions just get no results, as Kafka.
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.cluster_authorization_failed, results=())
     topics = _catalog(ctx)
     store = ctx.broker.store
     if request.topics is None:

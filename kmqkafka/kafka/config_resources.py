@@ -5,6 +5,8 @@ are none here). v1 (KIP-1142) lists topics, the brokers and groups; an empty typ
 every type served, and a type that is not served fails the whole request with
 UNSUPPORTED_VERSION, as Kafka does. BROKER_LOGGER is not among them: DescribeConfigs does not
 serve that type here. Groups live on the Raft leader, so a follower relays the request.
+With ACLs on, listing needs DESCRIBE_CONFIGS on the cluster (else CLUSTER_AUTHORIZATION_FAILED
+for the whole request), as Kafka checks it for both versions.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import groups, identity
+from kmqkafka.kafka import authz, groups, identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
@@ -34,6 +36,9 @@ def _names(ctx: RequestContext, kind: int) -> list[str]:
 
 def list_config_resources(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
+    if not authz.allowed(ctx, authz.DESCRIBE_CONFIGS, authz.CLUSTER, authz.CLUSTER_NAME):
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.cluster_authorization_failed, config_resources=())
     if ctx.api_version == 0:
         return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                     config_resources=())

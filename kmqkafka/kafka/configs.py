@@ -12,6 +12,12 @@ altering one answers INVALID_REQUEST, since broker settings come from the
 environment, options or the TOML file. Group resources (Kafka 4's per-group session timeout
 and heartbeat interval) are described and altered through ``kafka.group_configs``. Other
 resource types are INVALID_REQUEST.
+
+With ACLs on (``kafka.authz``) each resource is authorized as Kafka 4 does: describing needs
+DESCRIBE_CONFIGS and altering ALTER_CONFIGS, on the topic (else TOPIC_AUTHORIZATION_FAILED), on
+the group (else GROUP_AUTHORIZATION_FAILED), or on the cluster for the broker-wide types
+(BROKER, BROKER_LOGGER, CLIENT_METRICS: else CLUSTER_AUTHORIZATION_FAILED). A refused resource
+is answered alone; the rest of the request goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import (OFFSETS_TOPIC_PARTITIONS, TOPIC_CONFIG_DEFAULTS, Topic,
@@ -38,11 +44,12 @@ log = Logger()
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 
 # ConfigResource.Type
-RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_GROUP = 2, 4, 32
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_CLIENT_METRICS = 2, 4, 8, 16
+RESOURCE_GROUP = 32
 # ConfigSource
 SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT, SOURCE_DYNAMIC_GROUP = 1, 4, 5, 8
 # ConfigType
-BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 1, 2, 3, 4, 5, 6, 7
+UNKNOWN, BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 0, 1, 2, 3, 4, 5, 6, 7
 # AlterConfigOp.OpType
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
@@ -218,6 +225,14 @@ _BROKER_DOCS: dict[str, str] = {
     "sasl.oauthbearer.expected.issuer": "The issuer an OAUTHBEARER token must name (empty: "
                                         "not checked).",
     "log.retention.check.interval.ms": "How often retention is enforced on every partition.",
+    "authorizer.class.name": "The authorizer checking ACLs: Kafka's StandardAuthorizer rule "
+                             "while CONNECTORS_KAFKA_ACL_ENABLE is on, none (empty) otherwise.",
+    "super.users": "Principals every ACL check lets through (CONNECTORS_KAFKA_SUPER_USERS); "
+                   "hidden, as Kafka hides a setting its broker config does not define.",
+    "allow.everyone.if.no.acl.found": "Whether a resource no ACL names is open to everyone "
+                                      "(CONNECTORS_KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND); "
+                                      "hidden, as Kafka hides a setting its broker config does "
+                                      "not define.",
     "transaction.state.log.replication.factor": "Producer state lives in the replicated "
                                                 "store, not in a topic.",
 }
@@ -234,6 +249,7 @@ class ConfigEntry:
     config_type: int
     synonyms: tuple[tuple[str, str | None, int], ...]
     documentation: str | None
+    sensitive: bool = False
 
 
 def broker_topic_defaults(ctx: RequestContext) -> dict[str, str]:
@@ -313,6 +329,25 @@ def _sasl_configs(s: Any) -> dict[str, tuple[str, int, int]]:
     return out
 
 
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def _authorizer_configs(s: Any) -> dict[str, tuple[str | None, int, int]]:
+    """The authorizer settings, as a Kafka broker with them in its server.properties describes
+    them. ``authorizer.class.name`` is a Kafka broker config (empty by default). ``super.users``
+    and ``allow.everyone.if.no.acl.found`` are the authorizer's own: Kafka lists such a
+    setting when it is set (here: super users named; the authorizer on) but, knowing no type
+    for it, as sensitive, with no value and type UNKNOWN."""
+    out: dict[str, tuple[str | None, int, int]] = {
+        "authorizer.class.name": (STANDARD_AUTHORIZER, SOURCE_STATIC_BROKER, STRING)
+        if s.kafka_acl_enable else ("", SOURCE_DEFAULT, STRING)}
+    if s.kafka_super_users:
+        out["super.users"] = (None, SOURCE_STATIC_BROKER, UNKNOWN)
+    if s.kafka_acl_enable or s.kafka_allow_everyone_if_no_acl_found:
+        out["allow.everyone.if.no.acl.found"] = (None, SOURCE_STATIC_BROKER, UNKNOWN)
+    return out
+
+
 def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
     """The read-only broker configs this daemon reports, in name order."""
     s = ctx.broker.settings
@@ -325,7 +360,7 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         listeners += f",{sasl}SSL://{s.kafka_bind_host}:{s.kafka_tls_port}"
         advertised += f",{sasl}SSL://{s.kafka_advertised_host}:{s.kafka_tls_port}"
     topics: TopicCatalog = ctx.broker.extras["topics"]
-    values: dict[str, tuple[str, int, int]] = {
+    values: dict[str, tuple[str | None, int, int]] = {
         "advertised.listeners": (advertised, SOURCE_STATIC_BROKER, LIST),
         "auto.create.topics.enable": (str(s.kafka_auto_create_topics).lower(),
                                       SOURCE_STATIC_BROKER, BOOLEAN),
@@ -368,6 +403,7 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
                                       else SOURCE_DEFAULT, LONG),
         **_replication_factors(ctx),
         **_sasl_configs(s),
+        **_authorizer_configs(s),
     }
     defaults = {**TOPIC_CONFIG_DEFAULTS, **broker_topic_defaults(ctx)}
     topic_of: dict[str, str] = {}
@@ -377,8 +413,37 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
             values[broker_name] = (value, SOURCE_DEFAULT, _TOPIC_TYPES.get(topic_name, LONG))
             topic_of[broker_name] = topic_name
     return [ConfigEntry(name, value, source, True, kind, ((name, value, source),),
-                        _BROKER_DOCS.get(name) or _DOCS.get(topic_of.get(name, "")))
+                        _BROKER_DOCS.get(name) or _DOCS.get(topic_of.get(name, "")),
+                        kind == UNKNOWN)  # Kafka hides what it cannot type
             for name, (value, source, kind) in sorted(values.items())]
+
+
+# --- Authorization ----------------------------------------------------------------------
+
+# Config resource types authorized on the cluster, and the refusal of each ACL resource type
+# (Kafka's messages).
+_CLUSTER_WIDE = (RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_CLIENT_METRICS)
+_REFUSALS: dict[int, tuple[ErrorCode, str]] = {
+    authz.TOPIC: (ErrorCode.topic_authorization_failed, "Topic authorization failed."),
+    authz.GROUP: (ErrorCode.group_authorization_failed, "Group authorization failed."),
+    authz.CLUSTER: (ErrorCode.cluster_authorization_failed, "Cluster authorization failed."),
+}
+
+
+def _refusal(ctx: RequestContext, operation: int, res: Any) -> KafkaError | None:
+    """The error for a resource the principal may not do ``operation`` (DESCRIBE_CONFIGS or
+    ALTER_CONFIGS) on, else None. Types with no ACL resource are left to the handlers."""
+    if res.resource_type == RESOURCE_TOPIC:
+        kind, name = authz.TOPIC, res.resource_name
+    elif res.resource_type == RESOURCE_GROUP:
+        kind, name = authz.GROUP, res.resource_name
+    elif res.resource_type in _CLUSTER_WIDE:
+        kind, name = authz.CLUSTER, authz.CLUSTER_NAME
+    else:
+        return None
+    if authz.allowed(ctx, operation, kind, name):
+        return None
+    return KafkaError(*_REFUSALS[kind])
 
 
 
@@ -395,6 +460,9 @@ def describe_configs(request: Any, ctx: RequestContext) -> Any:
     results = []
     for res in request.resources:
         try:
+            refused = _refusal(ctx, authz.DESCRIBE_CONFIGS, res)
+            if refused is not None:
+                raise refused
             entries = _describe_resource(ctx, topics, res)
         except KafkaError as exc:
             results.append(make(t.DescribeConfigsResult, error_code=exc.code,
@@ -403,7 +471,7 @@ def describe_configs(request: Any, ctx: RequestContext) -> Any:
             continue
         configs = tuple(
             make(t.DescribeConfigsResourceResult, name=e.name, value=e.value,
-                 read_only=e.read_only, config_source=e.source, is_sensitive=False,
+                 read_only=e.read_only, config_source=e.source, is_sensitive=e.sensitive,
                  synonyms=tuple(make(t.DescribeConfigsSynonym, name=n, value=v, source=src)
                                 for n, v, src in e.synonyms) if synonyms else (),
                  config_type=e.config_type, documentation=e.documentation if docs else None)
@@ -497,14 +565,16 @@ def incremental_alter_configs(request: Any, ctx: RequestContext) -> Deferred:
 def _alter(request: Any, ctx: RequestContext, *, incremental: bool) -> Deferred:
     topics: TopicCatalog = ctx.broker.extras["topics"]
     seen = Counter((res.resource_type, res.resource_name) for res in request.resources)
-    work = [
-        _outcome(lambda res=res: topics.retrying(
-            lambda: _alter_resource(ctx, topics, res, incremental, request.validate_only)))
-        if seen[(res.resource_type, res.resource_name)] == 1 else
-        _outcome(lambda: _refuse(KafkaError(ErrorCode.invalid_request,
-                                            "Each resource must appear at most once.")))
-        for res in request.resources
-    ]
+    work = []
+    for res in request.resources:
+        if seen[(res.resource_type, res.resource_name)] > 1:
+            work.append(_outcome(lambda: _refuse(KafkaError(
+                ErrorCode.invalid_request, "Each resource must appear at most once."))))
+        elif (refused := _refusal(ctx, authz.ALTER_CONFIGS, res)) is not None:
+            work.append(_outcome(lambda refused=refused: _refuse(refused)))
+        else:
+            work.append(_outcome(lambda res=res: topics.retrying(
+                lambda: _alter_resource(ctx, topics, res, incremental, request.validate_only))))
     d = gatherResults(work, consumeErrors=True)
     return d.addCallback(lambda outcomes: _alter_response(ctx, request.resources, outcomes))
 

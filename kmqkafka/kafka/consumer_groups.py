@@ -8,6 +8,11 @@ the topic names from ``broker.extras["topics"]``.
 
 Heartbeat v0 lets the coordinator pick the member id when it is empty; v1 (KIP-1082) requires
 the client's own id.
+
+ACLs, as Kafka's KafkaApis: a heartbeat needs READ on the group (GROUP_AUTHORIZATION_FAILED),
+and DESCRIBE on every topic it names (TOPIC_AUTHORIZATION_FAILED, the member is not changed);
+describing needs DESCRIBE on the group, and a group whose members are assigned topics the
+principal may not describe answers TOPIC_AUTHORIZATION_FAILED without its members.
 """
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ from kmqkafka.coordinators.consumer_group import (
     ConsumerGroupCoordinator, HeartbeatRequest, HeartbeatResult,
 )
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
-from kmqkafka.kafka import groups
+from kmqkafka.kafka.acl import NOT_REQUESTED, authorized_operations
+from kmqkafka.kafka import authz, groups
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.group_configs import GroupConfigs
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -73,7 +78,39 @@ def _ms(value: Any) -> int:
 # --- ConsumerGroupHeartbeat -------------------------------------------------------------
 
 
-def heartbeat(request: Any, ctx: RequestContext) -> Deferred:
+GROUP_DENIED = "Group authorization failed."
+TOPICS_DENIED = "The group has described topic(s) that the client is not authorized to describe."
+
+
+def refused_heartbeat(ctx: RequestContext, group_id: str, names: Any) -> HeartbeatResult | None:
+    """A KIP-848 or share heartbeat's ACL verdict, None when allowed: READ on the group, and
+    DESCRIBE on every subscribed topic it names (a client may not learn of topics it may not
+    describe). Kafka answers these before the coordinator sees the request."""
+    if not groups.may_read_group(ctx, group_id):
+        return HeartbeatResult(ErrorCode.group_authorization_failed, GROUP_DENIED, None, 0)
+    if names and hidden_topics(ctx, names):
+        return HeartbeatResult(ErrorCode.topic_authorization_failed, None, None, 0)
+    return None
+
+
+def hidden_topics(ctx: RequestContext, names: Any) -> bool:
+    """Is one of ``names`` a topic the principal may not describe?"""
+    wanted = sorted(set(names))
+    return len(authz.filtered(ctx, authz.DESCRIBE, authz.TOPIC, wanted)) < len(wanted)
+
+
+def denied_group(t: Any, group_id: str, code: ErrorCode, message: str | None) -> Any:
+    """A described group refused by the ACLs: Kafka's answer carries nothing but the id and
+    the error (every other field at its schema default)."""
+    return make(t.DescribedGroup, error_code=code, error_message=message, group_id=group_id,
+                group_state="", group_epoch=0, assignment_epoch=0, assignor_name="",
+                members=(), authorized_operations=NOT_REQUESTED)
+
+
+def heartbeat(request: Any, ctx: RequestContext) -> Deferred | Any:
+    refused = refused_heartbeat(ctx, request.group_id, request.subscribed_topic_names)
+    if refused is not None:
+        return heartbeat_response(refused, ctx)
     owned = None
     if request.topic_partitions is not None:
         owned = {str(tp.topic_id): frozenset(int(p) for p in tp.partitions)
@@ -138,8 +175,11 @@ def describe(request: Any, ctx: RequestContext) -> Any:
             for tid, ps in sorted(a.items()) if ps))
 
     out = []
-    ops = operations(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
+    requested = bool(getattr(request, "include_authorized_operations", False))
     for group_id in request.group_ids:
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.GROUP, group_id):
+            out.append(denied_group(t, group_id, ErrorCode.group_authorization_failed, None))
+            continue
         view = c.describe(group_id)
         if view is None:
             message = (f"Group {group_id} is not a consumer group."
@@ -157,10 +197,19 @@ def describe(request: Any, ctx: RequestContext) -> Any:
                  assignment=assignment(m.assignment),
                  target_assignment=assignment(m.target), member_type=MEMBER_TYPE_CONSUMER)
             for m in view.members)
+        # Kafka hides a group whose (target) assignments name a topic the principal may not
+        # describe.
+        if hidden_topics(ctx, {tp.topic_name for m in members
+                               for tp in m.assignment.topic_partitions
+                               + m.target_assignment.topic_partitions} - {""}):
+            out.append(denied_group(t, group_id, ErrorCode.topic_authorization_failed,
+                                    TOPICS_DENIED))
+            continue
         out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
                         group_id=group_id, group_state=view.state, group_epoch=view.epoch,
                         assignment_epoch=view.assignment_epoch, assignor_name=view.assignor,
-                        members=members, authorized_operations=ops))
+                        members=members, authorized_operations=authorized_operations(
+                            ctx, requested, authz.GROUP, group_id)))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
 
 
@@ -179,4 +228,5 @@ def describe_error(request: Any, ctx: RequestContext, code: ErrorCode) -> Any:
         for g in request.group_ids))
 
 
-__all__ = ["coordinator", "describe_error", "heartbeat_response", "install", "register"]
+__all__ = ["coordinator", "denied_group", "describe_error", "heartbeat_response",
+           "hidden_topics", "install", "refused_heartbeat", "register"]

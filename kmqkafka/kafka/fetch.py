@@ -16,6 +16,11 @@ parked on ``store.wait_any`` for every read partition until new durable data arr
 the parked wait. The leader epoch is the Raft term (``identity.leader_epoch``; 0 on a lone
 node): a ``current_leader_epoch`` above it is UNKNOWN_LEADER_EPOCH (the client knows a newer
 leader than we do), one below it FENCED_LEADER_EPOCH (the client's leader is gone).
+
+ACLs: each topic needs READ, else its partitions answer TOPIC_AUTHORIZATION_FAILED (before any
+other check but an unknown topic id's UNKNOWN_TOPIC_ID, as Kafka), for every partition of the
+fetch session too; an unknown topic name the principal may not read is TOPIC_AUTHORIZATION_FAILED
+as well, so a fetch never tells which topics exist.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import fetch_response, identity
+from kmqkafka.kafka import authz, fetch_response, identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.errors import error_code_for
 from kmqkafka.kafka.fetch_sessions import FetchContext, SessionCache, Wanted
@@ -115,7 +120,7 @@ class _Fetch:
 
     __slots__ = ("ctx", "fctx", "store", "catalog", "uses_ids", "min_bytes", "max_bytes",
                  "deadline", "epoch_errors", "topics", "gone", "stamp", "wait", "deferred",
-                 "committed", "aborted_cls", "parked", "ahead")
+                 "committed", "aborted_cls", "parked", "ahead", "refusals")
 
     def __init__(self, request: Any, ctx: RequestContext, fctx: FetchContext,
                  epoch_errors: dict[tuple[Hashable, int], ErrorCode]) -> None:
@@ -141,6 +146,9 @@ class _Fetch:
         self.deferred: Deferred | None = None
         self.parked: list[_Result] | None = None  # what the parked wait started from
         self.ahead = False  # a result stood for an offset this node has not applied yet
+        # Per topic key: TOPIC_AUTHORIZATION_FAILED or None (READ allowed); None without ACLs.
+        self.refusals: dict[Hashable, ErrorCode | None] | None = (
+            {} if authz.enabled(ctx) else None)
 
     def start(self) -> Any:
         results, total, errors = self._read()
@@ -164,6 +172,26 @@ class _Fetch:
         self.topics[topic_key] = topic
         return topic
 
+    def _refused(self, topic_key: Hashable) -> ErrorCode | None:
+        """TOPIC_AUTHORIZATION_FAILED unless the principal may READ the topic, decided once per
+        topic for the whole fetch. An unknown topic id is not judged here: it stays
+        UNKNOWN_TOPIC_ID, as Kafka answers before authorizing (there is no name to check)."""
+        refusals = self.refusals
+        try:
+            return refusals[topic_key]
+        except KeyError:
+            pass
+        if self.uses_ids:
+            topic = self._topic(topic_key)
+            name = topic.name if topic is not None else None
+        else:
+            name = topic_key
+        code = None
+        if name is not None and not authz.allowed(self.ctx, authz.READ, authz.TOPIC, name):
+            code = ErrorCode.topic_authorization_failed
+        refusals[topic_key] = code
+        return code
+
     def _channel(self, key: tuple[Hashable, int]) -> str | None:
         topic = self._topic(key[0])
         p = key[1]
@@ -185,9 +213,12 @@ class _Fetch:
         self.ahead = False
         limit = self.max_bytes
         missing = ErrorCode.unknown_topic_id if self.uses_ids else ErrorCode.unknown_topic_or_partition
+        refusals = self.refusals
         for w in self.fctx.wanted:
             key = w.key
-            code = self.epoch_errors.get(key)
+            code = self._refused(key[0]) if refusals is not None else None
+            if code is None:
+                code = self.epoch_errors.get(key)
             if code is None:
                 channel = self._channel(key)
                 if channel is None:  # Kafka: an unknown id, or a partition the topic lacks

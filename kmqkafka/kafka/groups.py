@@ -41,8 +41,8 @@ from kmqkafka.coordinators.group import (
 from kmqkafka.coordinators.offsets import LagCollector
 from kmqkafka.coordinators.group import GROUPS_FAMILY
 from kmqkafka.dispatch import Dispatcher, error_response
-from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
-from kmqkafka.kafka import identity
+from kmqkafka.kafka.acl import NOT_REQUESTED, authorized_operations
+from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 from kmqkafka.store.errors import StoreStopped
@@ -432,11 +432,19 @@ def find_coordinator(request: Any, ctx: RequestContext) -> Any:
     where = identity.endpoint(ctx.broker, leader, ctx.listener) if leader is not None else None
     me, (host, port) = (leader, where) if where is not None else (-1, ("", -1))
     topics = ctx.broker.extras.get("topics")
-    if key_type == KEY_TYPE_GROUP and where is not None and topics is not None:
+    keys = [request.key] if ctx.api_version < 4 else list(request.coordinator_keys)
+    if (key_type == KEY_TYPE_GROUP and where is not None and topics is not None
+            and any(_may_find(ctx, key_type, k) for k in keys)):
         topics.ensure_offsets_topic()  # Kafka creates it now; the answer need not wait
 
     def answer(key: str) -> tuple[ErrorCode, str | None]:
         if key_type in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
+            if not _may_find(ctx, key_type, key):
+                # Kafka checks before looking anything up: a key the principal may not
+                # describe learns nothing, not even where its coordinator is.
+                if key_type == KEY_TYPE_GROUP:
+                    return ErrorCode.group_authorization_failed, _GROUP_DENIED
+                return ErrorCode.transactional_id_authorization_failed, _TXN_DENIED
             if where is None:
                 return ErrorCode.coordinator_not_available, "no raft leader is known"
             return ErrorCode.none, None
@@ -458,10 +466,30 @@ def find_coordinator(request: Any, ctx: RequestContext) -> Any:
     return make(ctx.response_type, throttle_time=NO_THROTTLE, coordinators=tuple(out))
 
 
+_GROUP_DENIED = "Group authorization failed."
+_TXN_DENIED = "Transactional Id authorization failed."
+
+
+def _may_find(ctx: RequestContext, key_type: int, key: str) -> bool:
+    """FindCoordinator needs DESCRIBE on the group or transactional id it names."""
+    if key_type == KEY_TYPE_GROUP:
+        return authz.allowed(ctx, authz.DESCRIBE, authz.GROUP, key)
+    if key_type == KEY_TYPE_TRANSACTION:
+        return authz.allowed(ctx, authz.DESCRIBE, authz.TRANSACTIONAL_ID, key)
+    return True
+
+
+def may_read_group(ctx: RequestContext, group_id: str) -> bool:
+    """READ on the group: what a member needs to join, sync, heartbeat, leave and commit."""
+    return authz.allowed(ctx, authz.READ, authz.GROUP, group_id)
+
+
 # --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ------------------------------------
 
 
 def join_group(request: Any, ctx: RequestContext) -> Deferred | Any:
+    if not may_read_group(ctx, request.group_id):
+        return _join_response(JoinResult(ErrorCode.group_authorization_failed), ctx)
     session_ms = _ms(request.session_timeout)
     rebalance_ms = _ms(getattr(request, "rebalance_timeout", session_ms))
     if rebalance_ms < 0:
@@ -499,6 +527,8 @@ def _join_response(result: JoinResult, ctx: RequestContext) -> Any:
 
 
 def sync_group(request: Any, ctx: RequestContext) -> Deferred | Any:
+    if not may_read_group(ctx, request.group_id):
+        return _sync_response(SyncResult(ErrorCode.group_authorization_failed), ctx)
     assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
     d = coordinator(ctx.broker).sync(
         request.group_id, request.member_id, getattr(request, "group_instance_id", None),
@@ -514,6 +544,9 @@ def _sync_response(result: SyncResult, ctx: RequestContext) -> Any:
 
 
 def heartbeat(request: Any, ctx: RequestContext) -> Any:
+    if not may_read_group(ctx, request.group_id):
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.group_authorization_failed)
     code = coordinator(ctx.broker).heartbeat(
         request.group_id, request.member_id, getattr(request, "group_instance_id", None),
         int(request.generation_id))
@@ -525,6 +558,8 @@ def leave_group(request: Any, ctx: RequestContext) -> Deferred | Any:
         wanted: list[tuple[str, str | None]] = [(request.member_id, None)]
     else:
         wanted = [(m.member_id, m.group_instance_id) for m in request.members]
+    if not may_read_group(ctx, request.group_id):
+        return _leave_response(ctx, wanted, ErrorCode.group_authorization_failed, [])
     c = coordinator(ctx.broker)
     cg = _consumer_groups(ctx.broker)
     if cg is not None and cg.owns(request.group_id):
@@ -558,8 +593,15 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
     c = coordinator(ctx.broker)
     cg = _consumer_groups(ctx.broker)
     out = []
-    ops = operations(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
+    requested = bool(getattr(request, "include_authorized_operations", False))
     for group_id in request.groups:
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.GROUP, group_id):
+            out.append(make(t.DescribedGroup, error_code=ErrorCode.group_authorization_failed,
+                            error_message=_GROUP_DENIED if ctx.api_version >= 6 else None,
+                            group_id=group_id, group_state="", protocol_type="",
+                            protocol_data="", members=(),
+                            authorized_operations=NOT_REQUESTED))
+            continue
         # A consumer (KIP-848) group is not a classic group: Kafka describes it Dead, with
         # GROUP_ID_NOT_FOUND from v6 on (ConsumerGroupDescribe describes it).
         not_classic = cg is not None and cg.describe(group_id) is not None
@@ -584,7 +626,8 @@ def describe_groups(request: Any, ctx: RequestContext) -> Any:
                         group_id=group_id, group_state=described.state,
                         protocol_type=described.protocol_type,
                         protocol_data=described.protocol_name, members=members,
-                        authorized_operations=ops))
+                        authorized_operations=authorized_operations(
+                            ctx, requested, authz.GROUP, group_id)))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
 
 
@@ -629,25 +672,34 @@ def share_group_states(broker: Broker) -> list[tuple[str, str]]:
 
 
 def list_groups(request: Any, ctx: RequestContext) -> Any:
+    """Every group for a principal that may DESCRIBE the cluster; otherwise only the groups
+    it may DESCRIBE (Kafka lists, never refuses)."""
     t = types_of(ctx)
     states = {s.lower() for s in getattr(request, "states_filter", ())}
     types = {s.lower() for s in getattr(request, "types_filter", ())}
     out = []
+    everything = authz.allowed(ctx, authz.DESCRIBE, authz.CLUSTER, authz.CLUSTER_NAME)
+
+    def visible(group_id: str) -> bool:
+        return everything or authz.allowed(ctx, authz.DESCRIBE, authz.GROUP, group_id)
+
     for group_id, protocol_type, state in coordinator(ctx.broker).list_groups():
         if states and state.lower() not in states:
             continue
-        if types and "classic" not in types:
+        if (types and "classic" not in types) or not visible(group_id):
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type=protocol_type,
                         group_state=state, group_type="classic"))
     cg = _consumer_groups(ctx.broker)
     for group_id, state in cg.list_groups() if cg is not None else ():
-        if (states and state.lower() not in states) or (types and "consumer" not in types):
+        if ((states and state.lower() not in states) or (types and "consumer" not in types)
+                or not visible(group_id)):
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type="consumer",
                         group_state=state, group_type="consumer"))
     for group_id, state in share_group_states(ctx.broker):
-        if (states and state.lower() not in states) or (types and "share" not in types):
+        if ((states and state.lower() not in states) or (types and "share" not in types)
+                or not visible(group_id)):
             continue
         out.append(make(t.ListedGroup, group_id=group_id, protocol_type="share",
                         group_state=state, group_type="share"))
@@ -656,8 +708,12 @@ def list_groups(request: Any, ctx: RequestContext) -> Any:
 
 
 def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
+    """Delete the named groups the principal may DELETE; the others answer
+    GROUP_AUTHORIZATION_FAILED and are left alone."""
     t = types_of(ctx)
-    names = list(request.groups_names)
+    denied = {g: ErrorCode.group_authorization_failed for g in request.groups_names
+              if not authz.allowed(ctx, authz.DELETE, authz.GROUP, g)}
+    names = [g for g in request.groups_names if g not in denied]
     c = coordinator(ctx.broker)
     cg = _consumer_groups(ctx.broker)
     consumer: dict[str, ErrorCode] = {}
@@ -687,11 +743,12 @@ def delete_groups(request: Any, ctx: RequestContext) -> Deferred:
     if consumer_written is not None:
         d.addCallback(lambda results: consumer_written.addCallback(lambda _: results))
     d.addCallback(lambda results: {**results, **{g: e for g, e in consumer.items()
-                                                  if e is not ErrorCode.none or g in share}})
+                                                  if e is not ErrorCode.none or g in share},
+                                   **denied})
     return d.addCallback(lambda results: make(
         ctx.response_type, throttle_time=NO_THROTTLE,
         results=tuple(make(t.DeletableGroupResult, group_id=g, error_code=results[g])
-                      for g in dict.fromkeys(names))))
+                      for g in dict.fromkeys(request.groups_names))))
 
 
 def register(dispatcher: Dispatcher) -> None:

@@ -12,6 +12,11 @@ leader answers LEADER_NOT_AVAILABLE for each partition (leader -1) and names its
 (it forwards admin commands to the leader once there is one; ``identity.controller``). Topics
 and partition counts come from this node's applied state, so a follower may be behind but
 never ahead.
+
+ACLs (as KafkaApis): asked for every topic, the response lists only those the principal may
+DESCRIBE; a named topic it may not describe answers TOPIC_AUTHORIZATION_FAILED with no
+partitions and a zero id, whether it exists or not, and auto-creating a missing one needs CREATE
+on the cluster or the topic (``_resolve``). Authorized operations are the principal's own.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred, gatherResults, succeed
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
-from kmqkafka.kafka.acl import CLUSTER_OPERATIONS, TOPIC_OPERATIONS, operations
+from kmqkafka.kafka import authz, identity
+from kmqkafka.kafka.acl import authorized_operations
+from kmqkafka.kafka.cluster import cluster_operations
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import INTERNAL_TOPICS, Topic, TopicCatalog, validate_topic_name
@@ -51,7 +57,7 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     auto_create = broker.settings.kafka_auto_create_topics and getattr(
         request, "allow_auto_topic_creation", True
     )
-    entries = [_resolve(topics, t, auto_create) for t in wanted]
+    entries = [_resolve(ctx, topics, t, auto_create) for t in wanted]
     d = gatherResults(entries, consumeErrors=True)
     return d.addCallback(_respond, request, ctx)
 
@@ -69,13 +75,23 @@ def _all_topics(request: Any, ctx: RequestContext, topics: TopicCatalog) -> Any:
     key = (ctx.api_version, ctx.listener, view,
            bool(getattr(request, "include_topic_authorized_operations", False)),
            bool(getattr(request, "include_cluster_authorized_operations", False)))
+    rules = None
+    auth = ctx.broker.extras.get("authorizer")
+    if auth is not None:
+        # What the principal may describe decides the listing: one entry per principal and
+        # address, good for as long as the bindings are the same (``rules`` is replaced
+        # whenever they change).
+        rules = auth.rules()
+        key += (ctx.principal, authz.host_of(ctx.peer))
     cache: OrderedDict = ctx.broker.extras.setdefault("metadata_full", OrderedDict())
     found = cache.get(key)
-    if found is not None and found[0] is listed:
+    if found is not None and found[0] is listed and found[2] is rules:
         cache.move_to_end(key)
         return shared.share(found[1])
-    response = _respond([(t.name, t, None, None) for t in listed], request, ctx, view)
-    cache[key] = (listed, response)
+    visible = listed if rules is None else [
+        t for t in listed if authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, t.name)]
+    response = _respond([(t.name, t, None, None) for t in visible], request, ctx, view)
+    cache[key] = (listed, response, rules)
     cache.move_to_end(key)
     while len(cache) > _FULL_CACHE:
         cache.popitem(last=False)
@@ -91,8 +107,17 @@ def _view(ctx: RequestContext) -> tuple[Any, ...]:
             identity.leader_epoch(broker))
 
 
-def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
-    """(name, Topic or None, error) for one requested topic, creating it if allowed."""
+_UNAUTHORIZED = KafkaError(ErrorCode.topic_authorization_failed)
+
+
+def _resolve(ctx: RequestContext, topics: TopicCatalog, req: Any, auto_create: bool
+             ) -> Deferred:
+    """(name, Topic or None, error, id asked) for one requested topic, creating it if allowed.
+
+    ACLs as Kafka: a topic the principal may not DESCRIBE is TOPIC_AUTHORIZATION_FAILED whether
+    it exists or not (named by id: the id is echoed, the name null); a missing one that would
+    be auto-created needs CREATE on the cluster or the topic, else TOPIC_AUTHORIZATION_FAILED
+    too (Kafka answers so rather than UNKNOWN_TOPIC_OR_PARTITION)."""
     name = getattr(req, "name", None)
     topic_id = getattr(req, "topic_id", None)
     if name is None and topic_id not in (None, _ZERO_UUID):
@@ -100,7 +125,16 @@ def _resolve(topics: TopicCatalog, req: Any, auto_create: bool) -> Deferred:
         if found is None:
             # Kafka echoes the id it could not find (the name stays null).
             return succeed((None, None, KafkaError(ErrorCode.unknown_topic_id), topic_id))
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, found.name):
+            return succeed((None, None, _UNAUTHORIZED, topic_id))
         return succeed((found.name, found, None, None))
+    if name is not None and authz.enabled(ctx):
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, name):
+            return succeed((name, None, _UNAUTHORIZED, None))
+        if auto_create and topics.get(name) is None and not (
+                authz.allowed(ctx, authz.CREATE, authz.CLUSTER, authz.CLUSTER_NAME)
+                or authz.allowed(ctx, authz.CREATE, authz.TOPIC, name)):
+            return succeed((name, None, _UNAUTHORIZED, None))
     try:
         validate_topic_name(name)
     except KafkaError as exc:
@@ -143,8 +177,10 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None,
     # The Raft term (``identity.leader_epoch``): it grows with every leader change, as a Kafka
     # partition's epoch does, and every node that knows the leader gives the same one.
     part_error = ErrorCode.none if leader is not None else ErrorCode.leader_not_available
-    topic_ops = operations(getattr(request, "include_topic_authorized_operations", False),
-                           TOPIC_OPERATIONS)
+    ops_asked = bool(getattr(request, "include_topic_authorized_operations", False))
+    # Without ACLs every topic reports the same operations: computed once.
+    per_topic_ops = ops_asked and authz.enabled(ctx)
+    topic_ops = 0 if per_topic_ops else authorized_operations(ctx, ops_asked, authz.TOPIC, "")
     # Partition entries depend only on the index here: built once per index, shared by
     # every topic of the response.
     built: list[Any] = []
@@ -168,7 +204,9 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None,
         out.append(make(t.MetadataResponseTopic, error_code=ErrorCode.none, name=topic.name,
                         topic_id=topic.topic_id, is_internal=topic.name in INTERNAL_TOPICS,
                         partitions=partitions,
-                        topic_authorized_operations=topic_ops))
+                        topic_authorized_operations=authorized_operations(
+                            ctx, True, authz.TOPIC, topic.name) if per_topic_ops
+                        else topic_ops))
     return make(
         ctx.response_type,
         throttle_time=NO_THROTTLE,
@@ -178,8 +216,8 @@ def _respond(resolved: list[tuple[str | None, Topic | None, Exception | None,
         controller_id=controller,
         topics=tuple(out),
         error_code=ErrorCode.none,
-        cluster_authorized_operations=operations(
-            getattr(request, "include_cluster_authorized_operations", False), CLUSTER_OPERATIONS),
+        cluster_authorized_operations=cluster_operations(
+            ctx, bool(getattr(request, "include_cluster_authorized_operations", False))),
     )
 
 

@@ -18,6 +18,12 @@ responses. Commits answer only once durable. Per-partition errors never fail the
   the member epoch (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH; an empty group
   takes epoch -1 commits); OffsetFetch v9 naming a member checks its epoch the same way.
 * OffsetDelete v0: GROUP_SUBSCRIBED_TO_TOPIC for topics an active consumer group subscribes to.
+
+ACLs (Kafka's KafkaApis): OffsetCommit needs READ on the group (else every partition answers
+GROUP_AUTHORIZATION_FAILED) and READ on each topic (else its partitions answer
+TOPIC_AUTHORIZATION_FAILED, left out of the commit like unknown ones). OffsetFetch needs
+DESCRIBE on the group and on each named topic; fetching every topic silently leaves out those
+the principal may not describe. OffsetDelete needs DELETE on the group and READ on each topic.
 """
 from __future__ import annotations
 
@@ -29,11 +35,18 @@ from twisted.internet.defer import Deferred
 from kmqkafka.coordinators.group import valid_group_id
 from kmqkafka.coordinators.offsets import MAX_METADATA_BYTES, CommittedOffset
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import authz
 from kmqkafka.kafka.context import RequestContext
-from kmqkafka.kafka.groups import coordinated, coordinator, top_level_error
+from kmqkafka.kafka.groups import coordinated, coordinator, may_read_group, top_level_error
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 OFFSET_COMMIT, OFFSET_FETCH, OFFSET_DELETE = 8, 9, 47
+
+
+def _unreadable(ctx: RequestContext, topics: Any) -> set[str]:
+    """The request's topic names the principal may not READ (checked once per name)."""
+    names = {topic.name for topic in topics}
+    return names - set(authz.filtered(ctx, authz.READ, authz.TOPIC, sorted(names)))
 
 
 def _partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCode:
@@ -48,13 +61,17 @@ def _partition_error(ctx: RequestContext, topic: str, partition: int) -> ErrorCo
 
 def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
     t = types_of(ctx)
+    if not may_read_group(ctx, request.group_id):
+        return _commit_error(request, ctx, ErrorCode.group_authorization_failed)
     c = coordinator(ctx.broker)
-    # As Kafka's KafkaApis: partitions of unknown topics are answered before the coordinator
-    # sees the request, so their error wins over the group's, and a request naming nothing
-    # else never reaches it (it neither fails on the group nor creates one).
+    # As Kafka's KafkaApis: partitions of unreadable or unknown topics are answered before
+    # the coordinator sees the request, so their error wins over the group's, and a request
+    # naming nothing else never reaches it (it neither fails on the group nor creates one).
+    denied = _unreadable(ctx, request.topics)
     unknown = {(topic.name, int(p.partition_index))
                for topic in request.topics for p in topic.partitions
-               if _partition_error(ctx, topic.name, int(p.partition_index))
+               if topic.name in denied
+               or _partition_error(ctx, topic.name, int(p.partition_index))
                is not ErrorCode.none}
     group_error = ErrorCode.none
     if any((topic.name, int(p.partition_index)) not in unknown
@@ -67,7 +84,9 @@ def offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
         row: list[tuple[int, ErrorCode]] = []
         for p in topic.partitions:
             code = group_error
-            if (topic.name, int(p.partition_index)) in unknown:
+            if topic.name in denied:
+                code = ErrorCode.topic_authorization_failed
+            elif (topic.name, int(p.partition_index)) in unknown:
                 code = ErrorCode.unknown_topic_or_partition
             # Kafka stores a null metadata as "" (OffsetAndMetadata.NO_METADATA), so
             # OffsetFetch never answers null for a committed partition.
@@ -152,6 +171,33 @@ def _fetch_group(ctx: RequestContext, group_id: str,
     ]
 
 
+def _fetch_authorized(ctx: RequestContext, group_id: str,
+                      topics: list[tuple[str, list[int]]] | None, member_id: str | None = None,
+                      member_epoch: int = -1
+                      ) -> tuple[ErrorCode, list[tuple[str, list[tuple[int, Any]]]]]:
+    """``_fetch_group`` under the ACLs: GROUP_AUTHORIZATION_FAILED without DESCRIBE on the
+    group; a named topic the principal may not describe answers TOPIC_AUTHORIZATION_FAILED
+    on each partition (a ``TOPIC_DENIED`` row); an all-topics fetch leaves such topics out."""
+    if not authz.allowed(ctx, authz.DESCRIBE, authz.GROUP, group_id):
+        return ErrorCode.group_authorization_failed, []
+    if topics is None:
+        error, rows = _fetch_group(ctx, group_id, None, member_id, member_epoch)
+        allowed = set(authz.filtered(ctx, authz.DESCRIBE, authz.TOPIC, [n for n, _ in rows]))
+        return error, [(name, parts) for name, parts in rows if name in allowed]
+    allowed = set(authz.filtered(ctx, authz.DESCRIBE, authz.TOPIC,
+                                 sorted({name for name, _ in topics})))
+    error, rows = _fetch_group(ctx, group_id, [(n, ps) for n, ps in topics if n in allowed],
+                               member_id, member_epoch)
+    if error is not ErrorCode.none:
+        return error, rows
+    # As Kafka: the refused topics follow the others.
+    return error, rows + [(name, [(p, TOPIC_DENIED) for p in partitions])
+                          for name, partitions in topics if name not in allowed]
+
+
+TOPIC_DENIED = object()  # a partition row of a topic the principal may not describe
+
+
 def offset_fetch(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     # RequireStable (v7+): a partition an open transaction holds an offset for answers
@@ -162,8 +208,9 @@ def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         for g in request.groups:
             wanted = None if g.topics is None else [
                 (tp.name, [int(i) for i in tp.partition_indexes]) for tp in g.topics]
-            error, rows = _fetch_group(ctx, g.group_id, wanted, getattr(g, "member_id", None),
-                                       int(getattr(g, "member_epoch", -1)))
+            error, rows = _fetch_authorized(ctx, g.group_id, wanted,
+                                            getattr(g, "member_id", None),
+                                            int(getattr(g, "member_epoch", -1)))
             topics = tuple(
                 make(t.OffsetFetchResponseTopics, name=name, partitions=tuple(
                     _fetched(t.OffsetFetchResponsePartitions, index, c,
@@ -174,7 +221,7 @@ def offset_fetch(request: Any, ctx: RequestContext) -> Any:
         return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(groups))
     wanted = None if request.topics is None else [
         (tp.name, [int(i) for i in tp.partition_indexes]) for tp in request.topics]
-    error, rows = _fetch_group(ctx, request.group_id, wanted)
+    error, rows = _fetch_authorized(ctx, request.group_id, wanted)
     if error is not ErrorCode.none and ctx.api_version < 2 and wanted is not None:
         # v1 has no top-level error: report it on every partition.
         topics = tuple(
@@ -198,7 +245,12 @@ def _unstable_check(request: Any, ctx: RequestContext) -> Any:
     return txn.unstable
 
 
-def _fetched(cls: type, index: int, c: CommittedOffset | None, unstable: bool = False) -> Any:
+def _fetched(cls: type, index: int, c: Any, unstable: bool = False) -> Any:
+    """One partition of an OffsetFetch answer: its committed offset (``c``: a
+    ``CommittedOffset``, None when nothing is committed, or ``TOPIC_DENIED``)."""
+    if c is TOPIC_DENIED:
+        return make(cls, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
+                    metadata="", error_code=ErrorCode.topic_authorization_failed)
     if unstable:
         return make(cls, partition_index=index, committed_offset=-1, committed_leader_epoch=-1,
                     metadata="", error_code=ErrorCode.unstable_offset_commit)
@@ -214,15 +266,19 @@ def _fetched(cls: type, index: int, c: CommittedOffset | None, unstable: bool = 
 # --- OffsetDelete -----------------------------------------------------------------------
 
 
-def offset_delete(request: Any, ctx: RequestContext) -> Deferred:
+def offset_delete(request: Any, ctx: RequestContext) -> Deferred | Any:
     t = types_of(ctx)
+    if not authz.allowed(ctx, authz.DELETE, authz.GROUP, request.group_id):
+        return make(ctx.response_type, error_code=ErrorCode.group_authorization_failed,
+                    throttle_time=NO_THROTTLE, topics=())
+    denied = _unreadable(ctx, request.topics)
     wanted: list[tuple[str, int]] = []
     unknown: set[tuple[str, int]] = set()
     for topic in request.topics:
         for p in topic.partitions:
             tp = (topic.name, int(p.partition_index))
             wanted.append(tp)
-            if _partition_error(ctx, *tp) is not ErrorCode.none:
+            if topic.name in denied or _partition_error(ctx, *tp) is not ErrorCode.none:
                 unknown.add(tp)
     _consumer_groups(ctx)  # loaded, so a KIP-848 group is known as one
     d = coordinator(ctx.broker).delete_offsets(
@@ -235,7 +291,8 @@ def offset_delete(request: Any, ctx: RequestContext) -> Deferred:
                         topics=())
         by_topic: dict[str, list[Any]] = {}
         for tp in wanted:
-            code = ErrorCode.unknown_topic_or_partition if tp in unknown else per[tp]
+            code = (ErrorCode.topic_authorization_failed if tp[0] in denied
+                    else ErrorCode.unknown_topic_or_partition if tp in unknown else per[tp])
             by_topic.setdefault(tp[0], []).append(
                 make(t.OffsetDeleteResponsePartition, partition_index=tp[1], error_code=code))
         return make(ctx.response_type, error_code=ErrorCode.none, throttle_time=NO_THROTTLE,

@@ -6,6 +6,10 @@ store), so no replica can move: a reassignment to the replicas a partition alrea
 log-dir move to the dir it is already in, is the no-op Kafka also answers NONE for; any other
 target is refused with Kafka's error for a target it cannot take, and no reassignment is ever
 in progress.
+
+With ACLs on, each needs a right on the cluster, as in Kafka: ALTER for AlterReplicaLogDirs
+(every partition CLUSTER_AUTHORIZATION_FAILED) and AlterPartitionReassignments (the request
+and every partition), DESCRIBE for ListPartitionReassignments (the request).
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.topics import TopicCatalog
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -23,6 +27,12 @@ from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 ALTER_REPLICA_LOG_DIRS = 34
 ALTER_PARTITION_REASSIGNMENTS = 45
 LIST_PARTITION_REASSIGNMENTS = 46
+
+_CLUSTER_REFUSED = "Cluster authorization failed."
+
+
+def _on_cluster(ctx: RequestContext, operation: int) -> bool:
+    return authz.allowed(ctx, operation, authz.CLUSTER, authz.CLUSTER_NAME)
 
 
 def _catalog(ctx: RequestContext) -> TopicCatalog:
@@ -55,6 +65,17 @@ def _reassignment_error(ctx: RequestContext, topic: str, partition: int,
 
 def alter_partition_reassignments(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
+    if not _on_cluster(ctx, authz.ALTER):
+        refused = ErrorCode.cluster_authorization_failed
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=refused,
+                    error_message=_CLUSTER_REFUSED, responses=tuple(
+                        make(t.ReassignableTopicResponse, name=rt.name, partitions=tuple(
+                            make(t.ReassignablePartitionResponse,
+                                 partition_index=rp.partition_index, error_code=refused,
+                                 error_message=_CLUSTER_REFUSED) for rp in rt.partitions))
+                        for rt in request.topics),
+                    allow_replication_factor_change=getattr(
+                        request, "allow_replication_factor_change", True))
     out = []
     for rt in request.topics:
         parts = []
@@ -72,6 +93,10 @@ def alter_partition_reassignments(request: Any, ctx: RequestContext) -> Any:
 
 def list_partition_reassignments(request: Any, ctx: RequestContext) -> Any:
     """Nothing is ever being reassigned, for every partition asked about or for all."""
+    if not _on_cluster(ctx, authz.DESCRIBE):
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.cluster_authorization_failed,
+                    error_message=_CLUSTER_REFUSED, topics=())
     return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                 error_message=None, topics=())
 
@@ -80,6 +105,13 @@ def alter_replica_log_dirs(request: Any, ctx: RequestContext) -> Any:
     """NONE for a partition named into the data dir it is in (the path DescribeLogDirs gives);
     LOG_DIR_NOT_FOUND for any other dir, as Kafka answers for a dir not in its log.dirs."""
     t = types_of(ctx)
+    if not _on_cluster(ctx, authz.ALTER):  # each partition refused, per dir as asked
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, results=tuple(
+            make(t.AlterReplicaLogDirTopicResult, topic_name=rt.name, partitions=tuple(
+                make(t.AlterReplicaLogDirPartitionResult, partition_index=p,
+                     error_code=ErrorCode.cluster_authorization_failed)
+                for p in rt.partitions))
+            for d in request.dirs for rt in d.topics))
     here = ctx.broker.store.data_dir.resolve()
     results: dict[str, list[Any]] = {}
     for d in request.dirs:

@@ -21,6 +21,9 @@ up to it → (0, high watermark); a higher epoch or -1 → (-1, -1); another neg
 epoch with end offset 0. ListOffsets LATEST names the current epoch, as Kafka's does (the
 latest in its cache), every other answer epoch 0.
 
+ACLs: both need DESCRIBE on each topic (OffsetForLeaderEpoch also passes with CLUSTER_ACTION on
+the cluster), else its partitions answer TOPIC_AUTHORIZATION_FAILED, existing or not.
+
 On a cluster both are answered by the partition leader, as in Kafka (whose followers refuse a
 consumer's ListOffsets and OffsetForLeaderEpoch): a follower relays them (``leader_routed``),
 and the leader answers once it has applied all it knows to be committed (``settled_first``).
@@ -38,7 +41,7 @@ from kio.schema.errors import ErrorCode
 
 from kmqkafka import records
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import error_code_for
 from kmqkafka.kafka.groups import leader_routed
@@ -129,11 +132,14 @@ def list_offsets(request: Any, ctx: RequestContext) -> Any:
     out = []
     for topic in request.topics:
         parts = []
+        denied = not authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, topic.name)
         for p in topic.partitions:
             index = p.partition_index
             code: ErrorCode | None = _epoch_error(getattr(p, "current_leader_epoch", -1), epoch)
             ts, offset = -1, -1
-            if named[topic.name, index] > 1:
+            if denied:  # Kafka authorizes first: neither duplicates nor epochs are looked at
+                code = ErrorCode.topic_authorization_failed
+            elif named[topic.name, index] > 1:
                 code = ErrorCode.invalid_request
             channel = _channel(topics, topic.name, index)
             if code is None and channel is None:
@@ -175,11 +181,16 @@ def offset_for_leader_epoch(request: Any, ctx: RequestContext) -> Any:
     topics: TopicCatalog = ctx.broker.extras["topics"]
     part_cls = t.EpochEndOffset
     current = identity.leader_epoch(ctx.broker)
+    # Kafka: CLUSTER_ACTION on the cluster (what brokers used it for) covers every topic;
+    # otherwise a consumer (KIP-320) needs DESCRIBE on each.
+    by_topic = not authz.allowed(ctx, authz.CLUSTER_ACTION, authz.CLUSTER, authz.CLUSTER_NAME)
     out = []
     for topic in request.topics:
         parts = []
+        denied = by_topic and not authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, topic.topic)
         for p in topic.partitions:
-            code = _epoch_error(p.current_leader_epoch, current)
+            code = (ErrorCode.topic_authorization_failed if denied
+                    else _epoch_error(p.current_leader_epoch, current))
             epoch, end = -1, -1
             channel = _channel(topics, topic.topic, p.partition)
             if code is None and channel is None:

@@ -33,6 +33,13 @@ acks: 0 → no response (the connection is closed if a partition failed, as Kafk
 NOT_ENOUGH_REPLICAS without appending while fewer members are in sync (live) than the topic's
 ``min.insync.replicas``; anything else → INVALID_REQUIRED_ACKS on every partition.
 
+ACLs, checked before anything else as KafkaApis does: a request naming a transactional id
+needs WRITE on that TRANSACTIONAL_ID (else every partition TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+each topic needs WRITE (else its partitions TOPIC_AUTHORIZATION_FAILED, whether the topic exists
+or not). Auto-creating a missing topic also needs CREATE on the cluster or on the topic; a writer
+without it gets UNKNOWN_TOPIC_OR_PARTITION. With acks=0 a refusal closes the connection, as any
+other failed partition does.
+
 Ordering: appends are proposed synchronously in request order, so pipelined requests to one
 partition keep their order, including on the request that auto-creates the topic (the create
 command is applied before the first append is proposed). A compressed batch whose records must
@@ -53,7 +60,7 @@ from twisted.python.failure import Failure
 
 from kmqkafka import records
 from kmqkafka.dispatch import CLOSE_CONNECTION, NO_RESPONSE, Dispatcher
-from kmqkafka.kafka import decoding, identity, produce_response
+from kmqkafka.kafka import authz, decoding, identity, produce_response
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import (INTERNAL_TOPICS, TOPIC_CONFIG_DEFAULTS, Topic, TopicCatalog,
@@ -121,9 +128,17 @@ def handle(request: Any, ctx: RequestContext) -> Any:
     uses_ids = ctx.api_version >= 13
     topics: TopicCatalog = ctx.broker.extras["topics"]
     per_topic: list[tuple[Any, Deferred]] = []
+    # ACLs (KafkaApis): the transactional id first, for the whole request; then WRITE per topic.
+    transactional_id = request.transactional_id
+    txn_denied = transactional_id is not None and not authz.allowed(
+        ctx, authz.WRITE, authz.TRANSACTIONAL_ID, transactional_id)
     for td in request.topic_data:
         topic_key = td.topic_id if uses_ids else td.name
-        if acks not in (0, 1, -1):
+        refused = (ErrorCode.transactional_id_authorization_failed if txn_denied
+                   else _write_refused(ctx, topics, topic_key, uses_ids))
+        if refused is not None:
+            d = succeed([(p.index, refused, -1, -1, -1, None) for p in td.partition_data])
+        elif acks not in (0, 1, -1):
             d = succeed([(p.index, ErrorCode.invalid_required_acks, -1, -1, -1, None)
                          for p in td.partition_data])
         else:
@@ -139,6 +154,31 @@ def handle(request: Any, ctx: RequestContext) -> Any:
             else NO_RESPONSE)
     keys = [k for k, _d in per_topic]
     return d.addCallback(_respond, keys, ctx)
+
+
+def _write_refused(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
+                   uses_ids: bool) -> ErrorCode | None:
+    """TOPIC_AUTHORIZATION_FAILED when the principal may not WRITE the topic (known or not,
+    valid name or not: Kafka authorizes before it looks), else None. An unknown topic id is
+    left to ``_produce_topic`` (UNKNOWN_TOPIC_ID: there is no name to authorize)."""
+    if not authz.enabled(ctx):
+        return None
+    if uses_ids:
+        topic = topics.by_id(topic_key) if topic_key is not None else None
+        if topic is None:
+            return None
+        name = topic.name
+    else:
+        name = topic_key
+    if name is None or authz.allowed(ctx, authz.WRITE, authz.TOPIC, name):
+        return None
+    return ErrorCode.topic_authorization_failed
+
+
+def _may_create(ctx: RequestContext, name: str) -> bool:
+    """May the principal have ``name`` auto-created: CREATE on the cluster or on the topic."""
+    return (authz.allowed(ctx, authz.CREATE, authz.CLUSTER, authz.CLUSTER_NAME)
+            or authz.allowed(ctx, authz.CREATE, authz.TOPIC, name))
 
 
 def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
@@ -165,7 +205,8 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
     topic = topics.get(topic_key)
     if topic is not None:
         return _produce_partitions(ctx, topic, partitions, acks, transactional)
-    if not ctx.broker.settings.kafka_auto_create_topics:
+    if not ctx.broker.settings.kafka_auto_create_topics or not _may_create(ctx, topic_key):
+        # The principal may write the topic (``_write_refused``) but not create it.
         return all_failed(ErrorCode.unknown_topic_or_partition)
     try:
         created = topics.create(topic_key)

@@ -13,6 +13,11 @@ the partition's producer window (``store/producer_state.py``) with its epoch, la
 the max timestamp of its last batch, and the first offset of its open transaction in that
 partition (-1: none; the coordinator epoch is always -1). Every node holds the same state up to
 what it applied, so any node answers.
+
+ACLs (as KafkaApis): InitProducerId with a transactional id needs WRITE on that TRANSACTIONAL_ID
+(else TRANSACTIONAL_ID_AUTHORIZATION_FAILED); without one, IDEMPOTENT_WRITE on the cluster or
+WRITE on any topic (else CLUSTER_AUTHORIZATION_FAILED). DescribeProducers needs READ on each
+topic (else its partitions TOPIC_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import authz
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import TopicCatalog, validate_topic_name
@@ -97,6 +103,10 @@ def producer_ids(broker: Any) -> ProducerIds:
 def handle(request: Any, ctx: RequestContext) -> Any:
     if request.transactional_id is not None:
         return _transactional(request, ctx)
+    if not _may_write_idempotently(ctx):
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.cluster_authorization_failed, producer_id=-1,
+                    producer_epoch=-1)
     # v3+ (KIP-360) may name the producer: KafkaApis refuses a half-named one (an id without
     # an epoch or the reverse) before it reaches the coordinator.
     named_id = getattr(request, "producer_id", -1) != -1
@@ -112,6 +122,13 @@ def handle(request: Any, ctx: RequestContext) -> Any:
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
         producer_id=new_pid, producer_epoch=0))
     return d.addErrback(_refused, ctx)
+
+
+def _may_write_idempotently(ctx: RequestContext) -> bool:
+    """Kafka's rule for an id without a transactional id: IDEMPOTENT_WRITE on the cluster, or
+    WRITE on some topic (KIP-679: an idempotent producer needs no more than a writer does)."""
+    return (authz.allowed(ctx, authz.IDEMPOTENT_WRITE, authz.CLUSTER, authz.CLUSTER_NAME)
+            or authz.allowed_by_type(ctx, authz.WRITE, authz.TOPIC))
 
 
 def _refused(failure: Failure, ctx: RequestContext) -> Any:
@@ -131,10 +148,14 @@ def describe(request: Any, ctx: RequestContext) -> Any:
     out = []
     for tr in request.topics:
         error, message = ErrorCode.none, None
-        try:
-            validate_topic_name(tr.name)
-        except KafkaError as exc:
-            error, message = exc.code, exc.message
+        if not authz.allowed(ctx, authz.READ, authz.TOPIC, tr.name):
+            # Kafka authorizes before it looks the topic up: existing or not, valid or not.
+            error = ErrorCode.topic_authorization_failed
+        else:
+            try:
+                validate_topic_name(tr.name)
+            except KafkaError as exc:
+                error, message = exc.code, exc.message
         topic = topics.get(tr.name) if error is ErrorCode.none else None
         if topic is None and error is ErrorCode.none:
             error = ErrorCode.unknown_topic_or_partition
@@ -168,8 +189,17 @@ def describe(request: Any, ctx: RequestContext) -> Any:
 def _transactional(request: Any, ctx: RequestContext) -> Any:
     from kmqkafka.kafka import transactions
     from kmqkafka.kafka.groups import coordinated
-    return coordinated(transactions.init_producer_id,
-                       transactions.init_producer_error)(request, ctx)
+
+    def authorized(request: Any, ctx: RequestContext) -> Any:
+        # Checked where the coordinator runs: ``coordinated`` has restored a relayed
+        # request's principal by then.
+        if not authz.allowed(ctx, authz.WRITE, authz.TRANSACTIONAL_ID, request.transactional_id):
+            return transactions.init_producer_error(
+                request, ctx, ErrorCode.transactional_id_authorization_failed)
+        return transactions.init_producer_id(request, ctx)
+
+    authorized.__name__ = "init_producer_id"
+    return coordinated(authorized, transactions.init_producer_error)(request, ctx)
 
 
 def register(dispatcher: Dispatcher) -> None:

@@ -11,7 +11,8 @@ the others' progress, so a follower relays the request there (``leader_routed``)
 knows no leader answers NOT_LEADER_OR_FOLLOWER for the partition, as a KRaft voter does. A lone
 node without peers is its own one-voter quorum at epoch 0 with an empty log, fetched and
 caught up at the time of the answer. ``nodes`` (v2)
-gives each voter's Raft address as its ``CONTROLLER`` listener.
+gives each voter's Raft address as its ``CONTROLLER`` listener. With ACLs on it needs DESCRIBE on
+the cluster (else a bare CLUSTER_AUTHORIZATION_FAILED), as in Kafka.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import identity
+from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.groups import leader_routed
 from kmqkafka.kafka.wire import make, types_of
@@ -40,6 +41,9 @@ def _driver(ctx: RequestContext) -> Any:
 
 def handle(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
+    if not authz.allowed(ctx, authz.DESCRIBE, authz.CLUSTER, authz.CLUSTER_NAME):
+        return make(ctx.response_type, error_code=ErrorCode.cluster_authorization_failed,
+                    error_message=None, topics=(), nodes=())
     driver = _driver(ctx)
     me = identity.node_id(ctx.broker)
     topics = []

@@ -10,6 +10,10 @@ connection hands to the session itself (``KafkaProtocol._raw_sasl_token``). A re
 mechanism, refused credentials, or a request out of order is answered with its error code and
 then the connection closes, as Kafka does. SaslAuthenticate tells the client how long its
 session lasts (0 unless ``CONNECTORS_KAFKA_CONNECTIONS_MAX_REAUTH_MS`` is set: KIP-368).
+
+With ACLs on, describing SCRAM credentials needs DESCRIBE on the cluster and altering them ALTER
+(else CLUSTER_AUTHORIZATION_FAILED: for every user altered, as Kafka answers; for a describe, see
+``_describe_refused``).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i64Timedelta
 
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import authz
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.scram_credentials import ScramCredentials
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -33,6 +38,7 @@ __all__ = ["register", "register_sasl"]
 DESCRIBE_USER_SCRAM_CREDENTIALS, ALTER_USER_SCRAM_CREDENTIALS = 50, 51
 
 _NO_EXPIRY = i64Timedelta.parse(datetime.timedelta(0))
+_CLUSTER_REFUSED = "Cluster authorization failed."
 
 
 def sasl_handshake(request: Any, ctx: RequestContext) -> Any:
@@ -99,6 +105,8 @@ def describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
     one is RESOURCE_NOT_FOUND, as in Kafka, and a user named twice is one DUPLICATE_RESOURCE
     row."""
     t = types_of(ctx)
+    if not authz.allowed(ctx, authz.DESCRIBE, authz.CLUSTER, authz.CLUSTER_NAME):
+        return _describe_refused(request, ctx)
     known = _known_credentials(ctx)
 
     def row(name: str, count: int) -> Any:
@@ -123,6 +131,26 @@ def describe_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
                 error_message=None, results=tuple(row(name, n) for name, n in asked))
 
 
+def _describe_refused(request: Any, ctx: RequestContext) -> Any:
+    """CLUSTER_AUTHORIZATION_FAILED for a principal without DESCRIBE on the cluster. Kafka puts
+    it at the top of the response (and in one unnamed row per user asked about), which
+    crashes the process of a confluent-kafka 2.16 client (librdkafka 2.16; with or without
+    the rows). Users asked about by name therefore get it in their own rows, which clients
+    report the same way (Kafka's Java client fails each user's future with it either way);
+    describing every user keeps it at the top, the only place it can be said."""
+    t = types_of(ctx)
+    refused = ErrorCode.cluster_authorization_failed
+    names = list(dict.fromkeys(u.name for u in request.users or ()))
+    if not names:
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=refused,
+                    error_message=_CLUSTER_REFUSED, results=())
+    return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                error_message=None, results=tuple(
+                    make(t.DescribeUserScramCredentialsResult, user=name, error_code=refused,
+                         error_message=_CLUSTER_REFUSED, credential_infos=())
+                    for name in names))
+
+
 def alter_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     scram: ScramCredentials = ctx.broker.extras["scram"]
@@ -133,6 +161,10 @@ def alter_user_scram_credentials(request: Any, ctx: RequestContext) -> Any:
                  error_message=message)
             for user, code, message in results))
 
+    if not authz.allowed(ctx, authz.ALTER, authz.CLUSTER, authz.CLUSTER_NAME):
+        users = {u.name for u in request.deletions} | {u.name for u in request.upsertions}
+        return answer([(user, ErrorCode.cluster_authorization_failed, _CLUSTER_REFUSED)
+                       for user in sorted(users)])
     return scram.alter(request.deletions, request.upsertions).addCallback(answer)
 
 

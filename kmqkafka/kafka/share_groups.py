@@ -13,6 +13,13 @@ partition's ``next`` (redeliveries) and new ones past it, whole stored batches a
 ranges and their delivery counts; a client delivers only records inside them. With nothing to
 acquire the request parks until data arrives, a lock runs out, a record is released, or
 ``max_wait`` passes.
+
+ACLs, as Kafka's KafkaApis: heartbeats need READ on the group and DESCRIBE on the topics they
+name; describing needs DESCRIBE on the group (a group assigned topics the principal may not
+describe answers TOPIC_AUTHORIZATION_FAILED). ShareFetch and ShareAcknowledge need READ on the
+group (top-level GROUP_AUTHORIZATION_FAILED) and READ on each topic: the partitions of other
+topics answer TOPIC_AUTHORIZATION_FAILED, acquire nothing, and their acknowledgements are not
+applied.
 """
 from __future__ import annotations
 
@@ -31,8 +38,8 @@ from kmqkafka.coordinators.share_group import (
 )
 from kmqkafka.coordinators.share_partition import AckError, SharePartition
 from kmqkafka.dispatch import Dispatcher
-from kmqkafka.kafka import consumer_groups, groups, identity
-from kmqkafka.kafka.acl import GROUP_OPERATIONS, NOT_REQUESTED, operations
+from kmqkafka.kafka import authz, consumer_groups, groups, identity
+from kmqkafka.kafka.acl import NOT_REQUESTED, authorized_operations
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.group_configs import GroupConfigs
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
@@ -92,7 +99,11 @@ def coordinator(broker: Broker) -> ShareGroupCoordinator:
 # --- ShareGroupHeartbeat ----------------------------------------------------------------
 
 
-def heartbeat(request: Any, ctx: RequestContext) -> Deferred:
+def heartbeat(request: Any, ctx: RequestContext) -> Deferred | Any:
+    refused = consumer_groups.refused_heartbeat(ctx, request.group_id,
+                                                request.subscribed_topic_names)
+    if refused is not None:
+        return consumer_groups.heartbeat_response(refused, ctx)
     host = ctx.peer.rsplit(":", 1)[0] if ctx.peer else ""
     names = request.subscribed_topic_names
     req = ShareHeartbeat(
@@ -123,9 +134,13 @@ def describe(request: Any, ctx: RequestContext) -> Any:
     t = types_of(ctx)
     c = coordinator(ctx.broker)
     catalog = ctx.broker.extras["topics"]
-    ops = operations(getattr(request, "include_authorized_operations", False), GROUP_OPERATIONS)
+    requested = bool(getattr(request, "include_authorized_operations", False))
     out = []
     for group_id in request.group_ids:
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.GROUP, group_id):
+            out.append(consumer_groups.denied_group(
+                t, group_id, ErrorCode.group_authorization_failed, None))
+            continue
         group = c.groups.get(group_id)
         if group is None:
             message = (f"Group {group_id} is not a share group." if c.other_group(group_id)
@@ -134,6 +149,13 @@ def describe(request: Any, ctx: RequestContext) -> Any:
                             error_message=message, group_id=group_id, group_state="Dead",
                             group_epoch=-1, assignment_epoch=-1, assignor_name="", members=(),
                             authorized_operations=NOT_REQUESTED))
+            continue
+        if consumer_groups.hidden_topics(ctx, {name for m in group.members.values()
+                                               for name in m.assignment
+                                               if catalog.get(name) is not None}):
+            out.append(consumer_groups.denied_group(
+                t, group_id, ErrorCode.topic_authorization_failed,
+                consumer_groups.TOPICS_DENIED))
             continue
         members = []
         for m in group.members.values():
@@ -150,7 +172,8 @@ def describe(request: Any, ctx: RequestContext) -> Any:
         out.append(make(t.DescribedGroup, error_code=ErrorCode.none, error_message=None,
                         group_id=group_id, group_state=group.state(), group_epoch=group.epoch,
                         assignment_epoch=group.assignment_epoch, assignor_name="simple",
-                        members=tuple(members), authorized_operations=ops))
+                        members=tuple(members), authorized_operations=authorized_operations(
+                            ctx, requested, authz.GROUP, group_id)))
     return make(ctx.response_type, throttle_time=NO_THROTTLE, groups=tuple(out))
 
 
@@ -158,6 +181,11 @@ def describe(request: Any, ctx: RequestContext) -> Any:
 
 
 PartitionRef = tuple[uuid.UUID, int]
+
+
+def _readable(ctx: RequestContext, topic: str) -> bool:
+    """READ on the topic: what a share consumer needs to fetch and acknowledge its records."""
+    return authz.allowed(ctx, authz.READ, authz.TOPIC, topic)
 
 
 def _acknowledge(c: ShareGroupCoordinator, ctx: RequestContext, group_id: str, member_id: str,
@@ -174,6 +202,9 @@ def _acknowledge(c: ShareGroupCoordinator, ctx: RequestContext, group_id: str, m
         for p in t.partitions:
             ref = (t.topic_id, int(p.partition_index))
             if not p.acknowledgement_batches:
+                continue
+            if topic is not None and not _readable(ctx, topic.name):
+                results[ref] = ErrorCode.topic_authorization_failed
                 continue
             if topic is None or not 0 <= ref[1] < topic.partitions:
                 results[ref] = (ErrorCode.unknown_topic_id if topic is None
@@ -213,6 +244,8 @@ def share_fetch(request: Any, ctx: RequestContext) -> Any:
                     acquisition_lock_timeout=datetime.timedelta(milliseconds=lock_ms),
                     responses=(), node_endpoints=())
 
+    if not groups.may_read_group(ctx, group_id):
+        return top_error(ErrorCode.group_authorization_failed)
     if not group_id or not member_id:
         return top_error(ErrorCode.invalid_request, "GroupId and MemberId must be set.")
     epoch = int(request.share_session_epoch)
@@ -264,7 +297,7 @@ class _ShareFetch:
         if not _serving(self.ctx):
             return self._not_leader()
         got = self._acquire()
-        if any(r[2] for r in got) or self._done():
+        if any(r[2] for r in got) or self._done() or _only_denied(got):
             return self.respond(got)
         self.deferred = Deferred(self._cancel)
         self._park()
@@ -286,6 +319,9 @@ class _ShareFetch:
         for (tid, p) in list(self.session.partitions):
             ref = (uuid.UUID(tid), p)
             topic = catalog.by_id(ref[0])
+            if topic is not None and not _readable(self.ctx, topic.name):
+                out.append((ref, ErrorCode.topic_authorization_failed, [], []))
+                continue
             if topic is None or not 0 <= p < topic.partitions:
                 out.append((ref, ErrorCode.unknown_topic_id if topic is None
                             else ErrorCode.unknown_topic_or_partition, [], []))
@@ -358,7 +394,7 @@ class _ShareFetch:
                 self.deferred.callback(self.respond([]))
                 return
             got = self._acquire()
-            if any(r[2] for r in got) or not ready or self._done():
+            if any(r[2] for r in got) or not ready or self._done() or _only_denied(got):
                 self.deferred.callback(self.respond(got))
             else:
                 self._park()
@@ -417,6 +453,13 @@ class _ShareFetch:
                                     for tid, ps in by_topic.items()),
                     node_endpoints=_endpoints(self.ctx, t, any(
                         r[1] is ErrorCode.not_leader_or_follower for r in got)))
+
+
+def _only_denied(got: list) -> bool:
+    """Nothing to wait for: every partition of the session failed, some of them for want of
+    READ on their topic (Kafka answers at once when no partition is left to fetch)."""
+    return (any(r[1] is ErrorCode.topic_authorization_failed for r in got)
+            and all(r[1] is not ErrorCode.none for r in got))
 
 
 def _acquire_partition(store: Any, channel: str, sp: SharePartition, member: str,
@@ -555,6 +598,8 @@ def share_acknowledge(request: Any, ctx: RequestContext) -> Any:
         return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=code,
                     error_message=message, responses=(), node_endpoints=())
 
+    if not groups.may_read_group(ctx, group_id):
+        return top_error(ErrorCode.group_authorization_failed)
     if not group_id or not member_id:
         return top_error(ErrorCode.invalid_request, "GroupId and MemberId must be set.")
     epoch = int(request.share_session_epoch)

@@ -8,6 +8,14 @@ groups: FindCoordinator with key type 1 names it). Every handler is ``coordinate
 reaches a follower is relayed to the leader. Errors Kafka reports under older names for older
 versions are mapped here (PRODUCER_FENCED is INVALID_PRODUCER_EPOCH before the versions that
 know it).
+
+ACLs, as Kafka's KafkaApis: InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
+TxnOffsetCommit need WRITE on the transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
+AddPartitionsToTxn also WRITE on each topic (a refused or unknown one fails the whole call, the
+other partitions answering OPERATION_NOT_ATTEMPTED); AddOffsetsToTxn and TxnOffsetCommit READ on
+the group (GROUP_AUTHORIZATION_FAILED), TxnOffsetCommit READ on each topic. DescribeTransactions
+needs DESCRIBE on each id and lists only the topics the principal may describe;
+ListTransactions lists only the ids it may describe.
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from twisted.python.failure import Failure
 from kmqkafka.coordinators.group import ClassicGroup
 from kmqkafka.coordinators.transactions import STATES, TxnCoordinator, TxnError
 from kmqkafka.dispatch import Dispatcher
+from kmqkafka.kafka import authz
 from kmqkafka.kafka.context import Broker, RequestContext
 from kmqkafka.kafka.errors import error_code_for
 from kmqkafka.kafka.groups import coordinated, coordinator
@@ -114,7 +123,18 @@ def _code(failure: Failure, ctx: RequestContext) -> ErrorCode:
 # --- InitProducerId ---------------------------------------------------------------------
 
 
-def init_producer_id(request: Any, ctx: RequestContext) -> Deferred:
+def _may_write(ctx: RequestContext, transactional_id: str) -> bool:
+    """WRITE on the transactional id: what a transactional producer needs for every call."""
+    return authz.allowed(ctx, authz.WRITE, authz.TRANSACTIONAL_ID, transactional_id)
+
+
+def _may_read_group(ctx: RequestContext, group_id: str) -> bool:
+    return authz.allowed(ctx, authz.READ, authz.GROUP, group_id)
+
+
+def init_producer_id(request: Any, ctx: RequestContext) -> Deferred | Any:
+    if not _may_write(ctx, request.transactional_id):
+        return init_producer_error(request, ctx, ErrorCode.transactional_id_authorization_failed)
     d = txn_coordinator(ctx.broker).init_producer(
         request.transactional_id, int(_ms(request.transaction_timeout)),
         int(getattr(request, "producer_id", -1)), int(getattr(request, "producer_epoch", -1)))
@@ -143,8 +163,26 @@ def init_producer_error(request: Any, ctx: RequestContext, code: ErrorCode) -> A
 # --- AddPartitionsToTxn -----------------------------------------------------------------
 
 
-def add_partitions(request: Any, ctx: RequestContext) -> Deferred:
+def add_partitions(request: Any, ctx: RequestContext) -> Deferred | Any:
     wanted = [(t.name, int(p)) for t in request.v3_and_below_topics for p in t.partitions]
+    if not _may_write(ctx, request.v3_and_below_transactional_id):
+        return _partition_results(request, ctx, ErrorCode.transactional_id_authorization_failed)
+    names = sorted({name for name, _ in wanted})
+    writable = set(authz.filtered(ctx, authz.WRITE, authz.TOPIC, names))
+    if len(writable) < len(names):
+        # Kafka adds none of the partitions then: the refused ones say why, the unknown ones
+        # too, and the others were not attempted.
+        catalog = ctx.broker.extras["topics"]
+
+        def verdict(name: str, index: int) -> ErrorCode:
+            if name not in writable:
+                return ErrorCode.topic_authorization_failed
+            found = catalog.get(name)
+            if found is None or not 0 <= index < found.partitions:
+                return ErrorCode.unknown_topic_or_partition
+            return ErrorCode.operation_not_attempted
+
+        return _partition_results(request, ctx, {tp: verdict(*tp) for tp in wanted})
     d = txn_coordinator(ctx.broker).add_partitions(
         request.v3_and_below_transactional_id, int(request.v3_and_below_producer_id),
         int(request.v3_and_below_producer_epoch), wanted)
@@ -182,13 +220,23 @@ def _top_level(d: Deferred, ctx: RequestContext) -> Deferred:
                                        error_code=_code(f, ctx)))
 
 
-def add_offsets(request: Any, ctx: RequestContext) -> Deferred:
+def add_offsets(request: Any, ctx: RequestContext) -> Deferred | Any:
+    refused = None
+    if not _may_write(ctx, request.transactional_id):
+        refused = ErrorCode.transactional_id_authorization_failed
+    elif not _may_read_group(ctx, request.group_id):
+        refused = ErrorCode.group_authorization_failed
+    if refused is not None:
+        return make(ctx.response_type, throttle_time=NO_THROTTLE, error_code=refused)
     return _top_level(txn_coordinator(ctx.broker).add_offsets(
         request.transactional_id, int(request.producer_id), int(request.producer_epoch),
         request.group_id), ctx)
 
 
-def end_txn(request: Any, ctx: RequestContext) -> Deferred:
+def end_txn(request: Any, ctx: RequestContext) -> Deferred | Any:
+    if not _may_write(ctx, request.transactional_id):
+        return make(ctx.response_type, throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.transactional_id_authorization_failed)
     return _top_level(txn_coordinator(ctx.broker).end(
         request.transactional_id, int(request.producer_id), int(request.producer_epoch),
         bool(request.committed)), ctx)
@@ -198,20 +246,33 @@ def end_txn(request: Any, ctx: RequestContext) -> Deferred:
 
 
 def txn_offset_commit(request: Any, ctx: RequestContext) -> Deferred | Any:
+    if not _may_write(ctx, request.transactional_id):
+        return _commit_results(request, ctx, {}, ErrorCode.transactional_id_authorization_failed)
+    if not _may_read_group(ctx, request.group_id):
+        return _commit_results(request, ctx, {}, ErrorCode.group_authorization_failed)
     broker = ctx.broker
     topics = broker.extras["topics"]
+    readable = set(authz.filtered(ctx, authz.READ, authz.TOPIC,
+                                  sorted({topic.name for topic in request.topics})))
     errors: dict[tuple[str, int], ErrorCode] = {}
     pending = []
     for topic in request.topics:
-        found = topics.get(topic.name)
+        found = topics.get(topic.name) if topic.name in readable else None
         for p in topic.partitions:
             index = int(p.partition_index)
+            if topic.name not in readable:
+                errors[(topic.name, index)] = ErrorCode.topic_authorization_failed
+                continue
             if found is None or not 0 <= index < found.partitions:
                 errors[(topic.name, index)] = ErrorCode.unknown_topic_or_partition
                 continue
             pending.append((topic.name, index, int(p.committed_offset),
                             int(getattr(p, "committed_leader_epoch", -1)),
                             p.committed_metadata))
+    if not pending and len(readable) < len({topic.name for topic in request.topics}):
+        # Nothing left to commit once refused topics are set aside: as in Kafka, the
+        # coordinator is not asked.
+        return _commit_results(request, ctx, errors, ErrorCode.none)
     group_error = _check_member(request, ctx)
     if group_error is not ErrorCode.none:
         return _commit_results(request, ctx, errors, group_error)
@@ -260,6 +321,13 @@ def describe_transactions(request: Any, ctx: RequestContext) -> Any:
     txn = txn_coordinator(ctx.broker)
     out = []
     for tid in request.transactional_ids:
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.TRANSACTIONAL_ID, tid):
+            out.append(make(t.TransactionState,
+                            error_code=ErrorCode.transactional_id_authorization_failed,
+                            transactional_id=tid, transaction_state="",
+                            transaction_timeout=_timeout(0), transaction_start_time=_time(0),
+                            producer_id=-1, producer_epoch=-1, topics=()))
+            continue
         meta = txn.describe(tid)
         if meta is None:
             out.append(make(t.TransactionState, error_code=ErrorCode.transactional_id_not_found,
@@ -270,6 +338,9 @@ def describe_transactions(request: Any, ctx: RequestContext) -> Any:
         by_topic: dict[str, list[int]] = {}
         for topic, p in meta.partitions:
             by_topic.setdefault(topic, []).append(p)
+        # Only the topics the principal may describe are listed.
+        by_topic = {name: ps for name, ps in by_topic.items()
+                    if authz.allowed(ctx, authz.DESCRIBE, authz.TOPIC, name)}
         out.append(make(t.TransactionState, error_code=ErrorCode.none, transactional_id=tid,
                         transaction_state=meta.state,
                         transaction_timeout=_timeout(meta.timeout_ms),
@@ -313,6 +384,9 @@ def list_transactions(request: Any, ctx: RequestContext) -> Any:
         if pids and meta.producer_id not in pids:
             continue
         if min_ms >= 0 and (meta.state != "Ongoing" or now - meta.start_ms < min_ms):
+            continue
+        if not authz.allowed(ctx, authz.DESCRIBE, authz.TRANSACTIONAL_ID,
+                             meta.transactional_id):
             continue
         rows.append(make(t.TransactionState, transactional_id=meta.transactional_id,
                          producer_id=meta.producer_id, transaction_state=meta.state))
