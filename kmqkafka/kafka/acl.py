@@ -30,19 +30,6 @@ ELECT_LEADERS = 43
 NOT_REQUESTED = -2147483648  # the authorized-operations value when a client did not ask
 
 
-def _ops(*codes: int) -> int:
-    return sum(1 << c for c in codes)
-
-
-# AclOperation codes: READ 3, WRITE 4, CREATE 5, DELETE 6, ALTER 7, DESCRIBE 8,
-# CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12.
-# Each set is Kafka's AclEntry.supportedOperations for the resource type, what it reports with
-# no authorizer: the token operations (CREATE_TOKENS, DESCRIBE_TOKENS) belong to USER, not
-# CLUSTER, and a group has config operations since Kafka 4's group configs.
-TOPIC_OPERATIONS = _ops(3, 4, 5, 6, 7, 8, 10, 11)
-CLUSTER_OPERATIONS = _ops(5, 7, 8, 9, 10, 11, 12)
-GROUP_OPERATIONS = _ops(3, 6, 8, 10, 11)
-
 _NO_AUTHORIZER = "No Authorizer is configured."
 
 

@@ -15,13 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from kmqkafka.kafka.acl_store import StoredAcls
-from kmqkafka.kafka.authorizer import (  # noqa: F401 -- re-exported for handlers
+from kmqkafka.kafka.authorizer import (  # re-exported for handlers
     ALL, ALTER, ALTER_CONFIGS, CLUSTER, CLUSTER_ACTION, CLUSTER_NAME, CREATE, DELETE, DESCRIBE,
     DESCRIBE_CONFIGS, GROUP, IDEMPOTENT_WRITE, READ, SUPPORTED_OPERATIONS, TOPIC,
     TRANSACTIONAL_ID, WRITE, AclRules)
 from kmqkafka.kafka.context import RequestContext
 
-__all__ = ["Authorizer", "allowed", "allowed_by_type", "enabled", "host_of", "operations"]
+__all__ = ["ALL", "ALTER", "ALTER_CONFIGS", "CLUSTER", "CLUSTER_ACTION", "CLUSTER_NAME", "CREATE",
+           "DELETE", "DESCRIBE", "DESCRIBE_CONFIGS", "GROUP", "IDEMPOTENT_WRITE", "READ",
+           "TOPIC", "TRANSACTIONAL_ID", "WRITE", "Authorizer", "filtered", "allowed", "allowed_by_type", "enabled", "host_of", "operations"]
 
 _CACHE_LIMIT = 65536
 
