@@ -190,16 +190,10 @@ def _transactional(request: Any, ctx: RequestContext) -> Any:
     from kmqkafka.kafka import transactions
     from kmqkafka.kafka.groups import coordinated
 
-    def authorized(request: Any, ctx: RequestContext) -> Any:
-        # Checked where the coordinator runs: ``coordinated`` has restored a relayed
-        # request's principal by then.
-        if not authz.allowed(ctx, authz.WRITE, authz.TRANSACTIONAL_ID, request.transactional_id):
-            return transactions.init_producer_error(
-                request, ctx, ErrorCode.transactional_id_authorization_failed)
-        return transactions.init_producer_id(request, ctx)
-
-    authorized.__name__ = "init_producer_id"
-    return coordinated(authorized, transactions.init_producer_error)(request, ctx)
+    # WRITE on the transactional id is checked in ``transactions.init_producer_id``, where the
+    # coordinator runs: ``coordinated`` has restored a relayed request's principal by then.
+    return coordinated(transactions.init_producer_id, transactions.init_producer_error)(request,
+                                                                                         ctx)
 
 
 def register(dispatcher: Dispatcher) -> None:
