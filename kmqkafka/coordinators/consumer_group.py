@@ -33,7 +33,9 @@ Durability: one record per group in the ``groups`` family under key
      "members": [{"id", "instance", "rack", "client_id", "client_host", "rebalance_ms",
                   "topics": [names], "regex": str|null, "assignor": str|null, "epoch": int,
                   "prev": int, "state": str, "assigned": {topic id: [p...]},
-                  "revoking": {topic id: [p...]}}],
+                  "revoking": {topic id: [p...]},
+                  "classic": {"session_ms": int, "protocols": [[name, base64]]} (absent for
+                  members that speak KIP-848)}],
      "target": {member id: {topic id: [p...]}}}
 
 A null value deletes the group. A heartbeat that changes the record answers once it is durable.
@@ -45,6 +47,7 @@ Reactor-thread only; time comes from the injected ``IReactorTime``. Results carr
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
@@ -58,8 +61,15 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from kmqkafka.coordinators.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, Assignment
+from kmqkafka.coordinators.classic_members import (
+    STABLE, UNRELEASED, UNREVOKED, ClassicMembers, Reject as _Reject,
+)
 from kmqkafka.coordinators.group import (
     DEFAULT_MAX_GROUP_SIZE, FOREIGN_KEY_PREFIX, GROUPS_FAMILY, GroupLog, GroupState,
+)
+from kmqkafka.coordinators.migration import (
+    DEFAULT_POLICY, ClassicProtocol, ConversionRefused, allows_downgrade, to_classic_group,
+    to_consumer_group,
 )
 
 CONSUMER_KEY_PREFIX = FOREIGN_KEY_PREFIX + b"consumer\x00"
@@ -67,8 +77,6 @@ DEFAULT_SESSION_TIMEOUT_MS = 45000  # group.consumer.session.timeout.ms
 DEFAULT_HEARTBEAT_INTERVAL_MS = 5000  # group.consumer.heartbeat.interval.ms
 LEAVE_EPOCH = -1
 LEAVE_STATIC_EPOCH = -2
-
-STABLE, UNREVOKED, UNRELEASED = "stable", "unrevoked_partitions", "unreleased_partitions"
 
 log = Logger()
 
@@ -124,8 +132,12 @@ class ConsumerMember:
     state: str = STABLE
     assigned: Assignment = field(default_factory=dict)
     revoking: Assignment = field(default_factory=dict)
+    # Set for a member that speaks the classic protocol (``classic_members``).
+    classic: ClassicProtocol | None = None
     session_timer: IDelayedCall | None = None
     revocation_timer: IDelayedCall | None = None
+    join_timer: IDelayedCall | None = None  # classic: from REBALANCE_IN_PROGRESS to JoinGroup
+    sync_timer: IDelayedCall | None = None  # classic: from a JoinGroup answer to its SyncGroup
 
     def holds(self) -> set[tuple[str, int]]:
         """Every partition this member may still be consuming (assigned or being revoked)."""
@@ -150,6 +162,8 @@ class ConsumerGroup:
     # group's regexes count as resolved.
     resolved_regexes: set[str] = field(default_factory=set)
     resolving: bool = False
+    # Records of a downgrade to a classic group, written by the next ``_persist``.
+    handed_over: list[tuple[bytes, bytes | None]] = field(default_factory=list)
 
     def state(self) -> str:
         """Kafka's ConsumerGroupState name: Empty, Assigning, Reconciling or Stable."""
@@ -175,6 +189,7 @@ class MemberView:
     regex: str | None
     assignment: Assignment
     target: Assignment
+    classic: bool = False  # speaks the classic protocol (ConsumerGroupDescribe's MemberType)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +223,16 @@ def _read_assignment(d: Mapping[str, list[int]]) -> Assignment:
     return {t: frozenset(ps) for t, ps in d.items() if ps}
 
 
+def _json_classic(cp: ClassicProtocol) -> dict[str, Any]:
+    return {"session_ms": cp.session_timeout_ms,
+            "protocols": [[n, base64.b64encode(md).decode()] for n, md in cp.protocols]}
+
+
+def _read_classic(d: Mapping[str, Any]) -> ClassicProtocol:
+    return ClassicProtocol(d["session_ms"],
+                           tuple((n, base64.b64decode(md)) for n, md in d["protocols"]))
+
+
 class ConsumerGroupLog:
     """Encoding of a consumer group as one ``groups`` family record (see the module doc)."""
 
@@ -223,7 +248,8 @@ class ConsumerGroupLog:
              "rebalance_ms": m.rebalance_timeout_ms, "topics": list(m.topics), "regex": m.regex,
              "assignor": m.assignor, "epoch": m.epoch, "prev": m.previous_epoch,
              "state": m.state, "assigned": _json_assignment(m.assigned),
-             "revoking": _json_assignment(m.revoking)}
+             "revoking": _json_assignment(m.revoking),
+             **({"classic": _json_classic(m.classic)} if m.classic is not None else {})}
             for m in group.members.values()]
         value = {"epoch": group.epoch, "assignment_epoch": group.assignment_epoch,
                  "assignor": group.assignor,
@@ -244,7 +270,8 @@ class ConsumerGroupLog:
                 md["id"], md.get("instance"), md.get("rack"), md.get("client_id", ""),
                 md.get("client_host", ""), md["rebalance_ms"], tuple(md["topics"]),
                 md.get("regex"), md.get("assignor"), md["epoch"], md["prev"], md["state"],
-                _read_assignment(md["assigned"]), _read_assignment(md["revoking"]))
+                _read_assignment(md["assigned"]), _read_assignment(md["revoking"]),
+                _read_classic(md["classic"]) if md.get("classic") else None)
             group.members[m.member_id] = m
             if m.instance_id:
                 group.static_members[m.instance_id] = m.member_id
@@ -252,14 +279,7 @@ class ConsumerGroupLog:
         return group
 
 
-class _Reject(Exception):
-    def __init__(self, code: ErrorCode, message: str | None = None) -> None:
-        super().__init__(message or code.name)
-        self.code = code
-        self.message = message
-
-
-class ConsumerGroupCoordinator:
+class ConsumerGroupCoordinator(ClassicMembers):
     """Every KIP-848 consumer group of this broker.
 
     ``store`` provides ``keyed_put``/``keyed_get``/``keyed_items`` (see ``GroupCoordinator``);
@@ -282,9 +302,11 @@ class ConsumerGroupCoordinator:
         heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS,
         new_id: Callable[[], str] | None = None,
         group_configs: Any = None,
+        migration_policy: str = DEFAULT_POLICY,
     ) -> None:
         """``group_configs`` (``kafka.group_configs.GroupConfigs``) holds per-group overrides
-        of the session timeout and heartbeat interval (Kafka's GROUP config resource)."""
+        of the session timeout and heartbeat interval (Kafka's GROUP config resource);
+        ``migration_policy`` is Kafka's ``group.consumer.migration.policy``."""
         self.clock = clock
         self.store = store
         self.topics = topics
@@ -294,6 +316,7 @@ class ConsumerGroupCoordinator:
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.group_configs = group_configs
+        self.migration_policy = migration_policy
         self._new_id = new_id or (lambda: str(uuid.uuid4()))
         self.groups: dict[str, ConsumerGroup] = {}
         self.loaded = False
@@ -392,13 +415,62 @@ class ConsumerGroupCoordinator:
         classic = self.classic.groups.get(req.group_id) if self.classic is not None else None
         if classic is not None:
             if classic.members or classic.state is not GroupState.EMPTY:
-                raise _Reject(ErrorCode.group_id_not_found,
-                              f"Group {req.group_id} is not a consumer group.")
+                return self._upgrade(classic), []
             extra.append(GroupLog.tombstone(req.group_id))  # an empty classic group converts
         elif self._group_count() >= self.max_groups:
             raise _Reject(ErrorCode.group_max_size_reached,
                           f"The number of groups has reached the maximum of {self.max_groups}.")
         return ConsumerGroup(req.group_id), extra
+
+    def _upgrade(self, classic: Any) -> ConsumerGroup:
+        """Take a non-empty classic group over as a consumer group (online upgrade): its
+        members stay, speaking the classic protocol, and the conversion is written at once
+        (the heartbeat that caused it may still be refused)."""
+        try:
+            group = to_consumer_group(classic, ConsumerGroup, ConsumerMember, self.topic_id,
+                                      policy=self.migration_policy,
+                                      max_size=self.max_group_size)
+        except ConversionRefused as exc:
+            raise _Reject(ErrorCode.group_id_not_found, str(exc)) from None
+        self.classic.hand_over(group.group_id)
+        self.groups[group.group_id] = group
+        self._refresh_metadata(group)
+        for m in group.members.values():
+            self._touch(group, m)
+        log.info("classic group {group} (generation {epoch}, {n} member(s)) is now a consumer "
+                 "group", group=group.group_id, epoch=group.epoch, n=len(group.members))
+        self._persist(group, [GroupLog.tombstone(group.group_id)]).addErrback(lambda f: None)
+        return group
+
+    def _maybe_downgrade(self, group: ConsumerGroup) -> bool:
+        """After members left: a group whose remaining members all speak the classic protocol
+        becomes a classic group again (online downgrade), which rebalances at once. Its
+        records are written by the caller's ``_persist``."""
+        members = list(group.members.values())
+        if (self.classic is None or not members or not allows_downgrade(self.migration_policy)
+                or any(m.classic is None for m in members)
+                or len(members) > self.classic.max_group_size):
+            return False
+        classic = to_classic_group(group, self.topic_name)
+        for m in members:
+            self._cancel_timers(m)
+        del self.groups[group.group_id]
+        group.handed_over = [(ConsumerGroupLog.key(group.group_id), None),
+                             GroupLog.record(classic)]
+        log.info("consumer group {group} is now a classic group (generation {epoch}): only "
+                 "classic members are left", group=group.group_id, epoch=classic.generation_id)
+        self.classic.take_over(classic, "the last member using the consumer protocol left")
+        return True
+
+    def topic_id(self, name: str) -> str | None:
+        topic = self.topics.get(name)
+        return str(topic.topic_id) if topic is not None else None
+
+    def topic_name(self, topic_id: str) -> str | None:
+        for topic in self.topics.all():
+            if str(topic.topic_id) == topic_id:
+                return topic.name
+        return None
 
     def _group_count(self) -> int:
         classic = len(self.classic.groups) if self.classic is not None else 0
@@ -444,7 +516,7 @@ class ConsumerGroupCoordinator:
             owner = group.members.get(owner_id) if owner_id else None
             if req.member_epoch == 0:
                 if owner is None:
-                    return self._new_member(group, req), True
+                    return self._new_member(group, req.member_id, req.instance_id), True
                 if owner.member_id == req.member_id:
                     self._reset(owner)
                     return owner, False
@@ -452,7 +524,7 @@ class ConsumerGroupCoordinator:
                     raise _Reject(ErrorCode.unreleased_instance_id,
                                   f"Static member {owner.member_id} with instance id "
                                   f"{req.instance_id} is not released yet.")
-                return self._replace_static(group, owner, req), False
+                return self._replace_static(group, owner, req.member_id), False
             if owner is None:
                 raise _Reject(ErrorCode.unknown_member_id,
                               f"Instance id {req.instance_id} is unknown.")
@@ -466,30 +538,31 @@ class ConsumerGroupCoordinator:
             if req.member_epoch != 0:
                 raise _Reject(ErrorCode.unknown_member_id,
                               f"Member {req.member_id} is not a member of group {group.group_id}.")
-            return self._new_member(group, req), True
+            return self._new_member(group, req.member_id, req.instance_id), True
         if req.member_epoch == 0:
             self._reset(member)  # a rejoin: the member dropped everything it held
         else:
             self._check_epoch(member, req)
         return member, False
 
-    def _new_member(self, group: ConsumerGroup, req: HeartbeatRequest) -> ConsumerMember:
+    def _new_member(self, group: ConsumerGroup, member_id: str, instance_id: str | None
+                    ) -> ConsumerMember:
         if len(group.members) >= self.max_group_size:
             raise _Reject(ErrorCode.group_max_size_reached,
                           f"The consumer group has reached its maximum capacity of "
                           f"{self.max_group_size} members.")
-        return ConsumerMember(req.member_id or self._new_id(), instance_id=req.instance_id)
+        return ConsumerMember(member_id or self._new_id(), instance_id=instance_id)
 
-    def _replace_static(self, group: ConsumerGroup, old: ConsumerMember, req: HeartbeatRequest
+    def _replace_static(self, group: ConsumerGroup, old: ConsumerMember, member_id: str
                         ) -> ConsumerMember:
         """A static member rejoining under a new member id takes over the old one's state."""
         self._cancel_timers(old)
         del group.members[old.member_id]
         new = ConsumerMember(
-            req.member_id or self._new_id(), old.instance_id, old.rack_id, old.client_id,
+            member_id or self._new_id(), old.instance_id, old.rack_id, old.client_id,
             old.client_host, old.rebalance_timeout_ms, old.topics, old.regex, old.assignor,
             old.previous_epoch if old.epoch == LEAVE_STATIC_EPOCH else old.epoch, -1,
-            old.state, dict(old.assigned), dict(old.revoking))
+            old.state, dict(old.assigned), dict(old.revoking), old.classic)
         if new.epoch < 0:
             new.epoch = 0
         group.members[new.member_id] = new
@@ -685,9 +758,11 @@ class ConsumerGroupCoordinator:
                                       req.member_id, req.member_epoch))
 
     def _remove(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
-        """Drop a member, bump the group epoch and recompute the target assignment."""
+        """Drop a member, bump the group epoch and recompute the target assignment (or, when
+        only classic members are left, hand the group back to the classic coordinator)."""
         self._drop(group, member, why)
-        self._bump(group)
+        if not self._maybe_downgrade(group):
+            self._bump(group)
 
     def _drop(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
         """Forget a member and its timers; the caller bumps the group epoch."""
@@ -733,7 +808,8 @@ class ConsumerGroupCoordinator:
             errors.append(ErrorCode.none)
         if not removed:
             return errors, succeed(None)
-        self._bump(group)
+        if not self._maybe_downgrade(group):
+            self._bump(group)
         return errors, self._persist(group)
 
     def _expire(self, group: ConsumerGroup, member: ConsumerMember, why: str) -> None:
@@ -747,9 +823,10 @@ class ConsumerGroupCoordinator:
     def _touch(self, group: ConsumerGroup, member: ConsumerMember) -> None:
         if member.session_timer is not None and member.session_timer.active():
             member.session_timer.cancel()
+        session_ms = (member.classic.session_timeout_ms if member.classic is not None
+                      else self._session_ms(group))
         member.session_timer = self.clock.callLater(
-            self._session_ms(group) / 1000.0, self._expire, group, member,
-            "expired (session timeout)")
+            session_ms / 1000.0, self._expire, group, member, "expired (session timeout)")
 
     def _session_ms(self, group: ConsumerGroup) -> int:
         if self.group_configs is None:
@@ -762,6 +839,8 @@ class ConsumerGroupCoordinator:
         return self.group_configs.heartbeat_interval_ms(group.group_id)
 
     def _start_revocation_timer(self, group: ConsumerGroup, member: ConsumerMember) -> None:
+        if member.classic is not None:
+            return  # a classic member revokes by joining again: its join timer bounds that
         self._stop_revocation_timer(member)
         member.revocation_timer = self.clock.callLater(
             member.rebalance_timeout_ms / 1000.0, self._expire, group, member,
@@ -775,9 +854,10 @@ class ConsumerGroupCoordinator:
 
     def _cancel_timers(self, member: ConsumerMember) -> None:
         self._stop_revocation_timer(member)
-        if member.session_timer is not None and member.session_timer.active():
-            member.session_timer.cancel()
-        member.session_timer = None
+        for timer in (member.session_timer, member.join_timer, member.sync_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        member.session_timer = member.join_timer = member.sync_timer = None
 
     # --- topic changes ------------------------------------------------------------------
 
@@ -806,7 +886,7 @@ class ConsumerGroupCoordinator:
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
-        if api_version < 9:
+        if api_version < 9 and member.classic is None:
             return ErrorCode.unsupported_version
         return self._epoch_error(group, member, member_epoch)
 
@@ -824,8 +904,12 @@ class ConsumerGroupCoordinator:
     def _epoch_error(self, group: ConsumerGroup, member: ConsumerMember, member_epoch: int
                      ) -> ErrorCode:
         """Kafka's ``validateMemberEpoch``: any other epoch than the member's is stale (the
-        client refreshes it and retries); FENCED_MEMBER_EPOCH belongs to heartbeats."""
-        return ErrorCode.none if member_epoch == member.epoch else ErrorCode.stale_member_epoch
+        client refreshes it and retries); FENCED_MEMBER_EPOCH belongs to heartbeats. A classic
+        member's generation is its epoch: another one is ILLEGAL_GENERATION."""
+        if member_epoch == member.epoch:
+            return ErrorCode.none
+        return (ErrorCode.illegal_generation if member.classic is not None
+                else ErrorCode.stale_member_epoch)
 
     # --- administration -----------------------------------------------------------------
 
@@ -837,7 +921,7 @@ class ConsumerGroupCoordinator:
         members = tuple(
             MemberView(m.member_id, m.instance_id, m.rack_id, m.epoch, m.client_id,
                        m.client_host, m.topics, m.regex, dict(m.assigned),
-                       dict(group.target.get(m.member_id, {})))
+                       dict(group.target.get(m.member_id, {})), m.classic is not None)
             for m in group.members.values())
         return GroupView(group_id, group.state(), group.epoch, group.assignment_epoch,
                          group.assignor, members)
@@ -879,6 +963,8 @@ class ConsumerGroupCoordinator:
     def _persist(self, group: ConsumerGroup, extra: list[Any] = ()) -> Deferred:  # type: ignore[assignment]
         """Write the group's record if it changed; fires once durable."""
         pairs = list(extra)
+        pairs += group.handed_over
+        group.handed_over = []
         if self.groups.get(group.group_id) is group:
             value = ConsumerGroupLog.value(group)
             if value != group.persisted:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import base64
 import enum
 import json
-import struct
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -47,6 +46,7 @@ from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from kmqkafka.coordinators.consumer_protocol import decode_subscription
 from kmqkafka.coordinators.offsets import (
     FAMILY as OFFSETS_FAMILY, CommittedOffset, OffsetStore, Record, TopicPartition,
 )
@@ -239,15 +239,8 @@ class ClassicGroup:
 def subscription_topics(metadata: bytes) -> set[str] | None:
     """Topics of a ConsumerProtocolSubscription (int16 version + body); None if undecodable."""
     try:
-        from kio.serial import entity_reader
-
-        (version,) = struct.unpack_from(">h", metadata, 0)
-        v = min(max(version, 0), 3)
-        module = __import__(f"kio.schema.consumer_protocol_subscription.v{v}.data",
-                            fromlist=["ConsumerProtocolSubscription"])
-        sub, _ = entity_reader(module.ConsumerProtocolSubscription)(metadata, 2)
-        return set(sub.topics)
-    except Exception:
+        return set(decode_subscription(metadata).topics)
+    except ValueError:
         return None
 
 
@@ -493,10 +486,11 @@ class GroupCoordinator:
             return succeed(JoinResult(ErrorCode.invalid_session_timeout, req.member_id))
         if self.consumer_groups is not None and self.consumer_groups.owns(req.group_id):
             # An empty consumer (KIP-848) group converts to a classic one, as in Kafka (its
-            # offsets stay); a non-empty one takes no classic members (no online migration).
+            # offsets stay); a non-empty one takes the member in as a classic-protocol member
+            # (online migration, ``kmqkafka.coordinators.classic_members``).
             results, _written = self.consumer_groups.delete_groups([req.group_id])
             if results.get(req.group_id) is not ErrorCode.none:
-                return succeed(JoinResult(ErrorCode.inconsistent_group_protocol, req.member_id))
+                return self.consumer_groups.classic_join(req)
         group = self.groups.get(req.group_id)
         if group is None:
             if req.member_id:
@@ -820,6 +814,9 @@ class GroupCoordinator:
         """Handle a SyncGroup; fires with a ``SyncResult`` (followers park until the leader's)."""
         if not valid_group_id(group_id):
             return succeed(SyncResult(ErrorCode.invalid_group_id))
+        if self.consumer_groups is not None and self.consumer_groups.owns(group_id):
+            return self.consumer_groups.classic_sync(group_id, member_id, instance_id,
+                                                     generation_id, protocol_type, protocol_name)
         group = self.groups.get(group_id)
         if group is None:
             return succeed(SyncResult(ErrorCode.unknown_member_id))
@@ -884,6 +881,9 @@ class GroupCoordinator:
         """Handle a Heartbeat; resets the member's session timer when it is a member."""
         if not valid_group_id(group_id):
             return ErrorCode.invalid_group_id
+        if self.consumer_groups is not None and self.consumer_groups.owns(group_id):
+            return self.consumer_groups.classic_heartbeat(group_id, member_id, instance_id,
+                                                          generation_id)
         group = self.groups.get(group_id)
         if group is None:
             return ErrorCode.unknown_member_id
@@ -949,6 +949,29 @@ class GroupCoordinator:
             else:
                 self._maybe_complete_join(group)
         return ErrorCode.none, errors
+
+    # --- online migration (``kmqkafka.coordinators.migration``) --------------------------
+
+    def hand_over(self, group_id: str) -> None:
+        """Give up a group that has become a consumer group: parked JoinGroup and SyncGroup
+        calls answer REBALANCE_IN_PROGRESS (their clients join again, into the consumer
+        group, as Kafka's ``convertToConsumerGroup`` answers them) and its timers stop."""
+        group = self.groups.pop(group_id, None)
+        if group is None:
+            return
+        for m in group.members.values():
+            self._resolve_join(m, JoinResult(ErrorCode.rebalance_in_progress, m.member_id))
+            self._resolve_sync(m, SyncResult(ErrorCode.rebalance_in_progress))
+        self._cancel_group_timers(group)
+
+    def take_over(self, group: ClassicGroup, reason: str) -> None:
+        """Serve a Stable group converted from a consumer group (its record is written by the
+        caller) and rebalance it at once, so that its leader assigns what the members that
+        left held; members learn of it from REBALANCE_IN_PROGRESS on their heartbeats."""
+        self.groups[group.group_id] = group
+        for m in group.members.values():
+            self._schedule_heartbeat(group, m)
+        self._prepare_rebalance(group, reason)
 
     # --- administration -----------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from kmqkafka.coordinators.migration import DEFAULT_POLICY
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import authz, identity
 from kmqkafka.kafka.context import RequestContext
@@ -208,11 +209,11 @@ _BROKER_DOCS: dict[str, str] = {
     "group.consumer.session.timeout.ms": "Session timeout of KIP-848 consumer group members.",
     "group.consumer.heartbeat.interval.ms": "Heartbeat interval of KIP-848 consumer group "
                                             "members.",
-    "group.consumer.migration.policy": "A group changes between the classic and the KIP-848 "
-                                       "protocol only while it has no members (Kafka's "
-                                       "'disabled'): a member of the other protocol joining a "
-                                       "non-empty group is refused (GROUP_ID_NOT_FOUND or "
-                                       "INCONSISTENT_GROUP_PROTOCOL).",
+    "group.consumer.migration.policy": "Both ways (Kafka 4's default): a KIP-848 member "
+                                       "joining a classic group converts it to a consumer "
+                                       "group that keeps the classic members, and the group "
+                                       "turns classic again when its last KIP-848 member "
+                                       "leaves.",
     "log.cleaner.backoff.ms": "Pause of the cleaner when no partition is due for compaction.",
     "connections.max.reauth.ms": "How long a SASL session lasts before the client must "
                                  "authenticate again (KIP-368; 0: sessions do not expire).",
@@ -389,7 +390,7 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
                                               SOURCE_DEFAULT, INT),
         "group.consumer.heartbeat.interval.ms": (str(s.kafka_consumer_heartbeat_interval_ms),
                                                  SOURCE_DEFAULT, INT),
-        "group.consumer.migration.policy": ("disabled", SOURCE_STATIC_BROKER, STRING),
+        "group.consumer.migration.policy": (DEFAULT_POLICY, SOURCE_STATIC_BROKER, STRING),
         "log.cleaner.backoff.ms": (str(s.kafka_log_cleaner_backoff_ms), SOURCE_STATIC_BROKER,
                                    LONG),
         "log.retention.check.interval.ms": (

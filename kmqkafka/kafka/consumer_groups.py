@@ -35,6 +35,7 @@ from kmqkafka.kafka.group_configs import GroupConfigs
 from kmqkafka.kafka.wire import NO_THROTTLE, make, types_of
 
 CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE = 68, 69
+MEMBER_TYPE_CLASSIC = 0  # ConsumerGroupDescribe v1's MemberType (KAFKA-17750)
 MEMBER_TYPE_CONSUMER = 1
 
 
@@ -195,7 +196,8 @@ def describe(request: Any, ctx: RequestContext) -> Any:
                  member_epoch=m.member_epoch, client_id=m.client_id, client_host=m.client_host,
                  subscribed_topic_names=m.topics, subscribed_topic_regex=m.regex,
                  assignment=assignment(m.assignment),
-                 target_assignment=assignment(m.target), member_type=MEMBER_TYPE_CONSUMER)
+                 target_assignment=assignment(m.target),
+                 member_type=MEMBER_TYPE_CLASSIC if m.classic else MEMBER_TYPE_CONSUMER)
             for m in view.members)
         # Kafka hides a group whose (target) assignments name a topic the principal may not
         # describe.

@@ -436,7 +436,9 @@ def test_state_survives_a_restart() -> None:
     assert "g" not in h2.classic.groups
 
 
-def test_group_types_are_exclusive_while_members_remain() -> None:
+def test_group_kinds_convert_when_empty_and_refuse_undecodable_members() -> None:
+    """Members of the other protocol join a non-empty group (``test_group_migration``), but
+    only with a consumer-protocol subscription Kafka can read; an empty group converts."""
     h = Harness()
     a = h.client("a")
     a.heartbeat()

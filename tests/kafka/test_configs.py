@@ -619,7 +619,7 @@ def test_broker_describes_the_kafka_settings_it_has(admin: AdminClient) -> None:
                         "group.initial.rebalance.delay.ms": "3000",
                         "group.consumer.session.timeout.ms": "45000",
                         "group.consumer.heartbeat.interval.ms": "5000",
-                        "group.consumer.migration.policy": "disabled"}.items():
+                        "group.consumer.migration.policy": "bidirectional"}.items():
         assert configs[name].value == value and configs[name].is_read_only, name
     # Kafka's default: records stamped long ago stay readable for as long as against Kafka
     # (librdkafka's 0059_bsearch writes 1970 timestamps and reads them back a minute later).
