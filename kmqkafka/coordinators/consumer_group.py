@@ -449,7 +449,8 @@ class ConsumerGroupCoordinator(ClassicMembers):
         members = list(group.members.values())
         if (self.classic is None or not members or not allows_downgrade(self.migration_policy)
                 or any(m.classic is None for m in members)
-                or len(members) > self.classic.max_group_size):
+                or len(members) > self.classic.max_group_size
+                or not set.intersection(*({n for n, _ in m.classic.protocols} for m in members))):
             return False
         classic = to_classic_group(group, self.topic_name)
         for m in members:

@@ -56,10 +56,12 @@ class Member:
     """A subscribed librdkafka consumer that records what it read."""
 
     def __init__(self, b: BrokerProcess, group: str, topic: str, protocol: str,
-                 strategy: str = "range") -> None:
+                 strategy: str = "range", instance: str | None = None) -> None:
         conf: dict[str, Any] = {
             "bootstrap.servers": b.bootstrap, "group.id": group, "group.protocol": protocol,
             "auto.offset.reset": "earliest", "enable.auto.commit": "false"}
+        if instance:
+            conf["group.instance.id"] = instance
         if protocol == "classic":
             conf.update({"session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
                          "partition.assignment.strategy": strategy})
@@ -165,6 +167,27 @@ def test_classic_and_kip848_members_share_partitions(kmq: BrokerProcess, strateg
     more = produce(kmq, topic, "t")
     run([a], read_all([a], more))
     a.close()
+
+
+def test_a_static_classic_member_restarts_into_a_mixed_group(kmq: BrokerProcess) -> None:
+    """A static classic member (group.instance.id) closes without leaving and comes back under
+    a new member id: it takes its old place and partitions, with no rebalance for the
+    KIP-848 member."""
+    values = topic_with_records(kmq, "mig-static", "s")
+    a = Member(kmq, "g-static", "mig-static", "classic", instance="ia")
+    run([a], lambda: a.partitions() == set(range(PARTITIONS)))
+    b = Member(kmq, "g-static", "mig-static", "consumer")
+    run([a, b], split([a, b]))
+    held, before = a.partitions(), describe(kmq, "g-static")
+    a.close()
+    a2 = Member(kmq, "g-static", "mig-static", "classic", instance="ia")
+    run([a2, b], lambda: a2.partitions() == held)
+    after = describe(kmq, "g-static")
+    assert after.group_epoch == before.group_epoch
+    assert {m.instance_id for m in after.members if m.member_type == 0} == {"ia"}
+    run([a2, b], read_all([a, a2, b], values))
+    a2.close()
+    b.close()
 
 
 def test_a_kafka_python_classic_member_shares_a_group_with_a_kip848_member(
