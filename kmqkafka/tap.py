@@ -112,7 +112,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
     connections = connections_that_fit(settings.kafka_max_connections)
     broker.extras["topics"] = TopicCatalog(
         store, default_partitions=settings.kafka_num_partitions,
-        max_partitions=partition_budget(connections))
+        max_partitions=partition_budget(connections), node_id=settings.node_id)
     broker.extras["topics"].on_deleted(lambda topic: metrics.forget_topic(topic.name))
     groups.install(broker)  # broker.extras["groups"]; loads its state on first use
     consumer_groups.install(broker)  # broker.extras["consumer_groups"] (KIP-848)

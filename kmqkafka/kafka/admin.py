@@ -30,7 +30,9 @@ from twisted.python.failure import Failure
 
 from kmqkafka.dispatch import Dispatcher
 from kmqkafka.kafka import authz, identity
-from kmqkafka.kafka.configs import broker_topic_defaults, topic_config_entries
+from kmqkafka.kafka.configs import (
+    broker_topic_defaults, dynamic_synonyms, topic_config_entries,
+)
 from kmqkafka.kafka.context import RequestContext
 from kmqkafka.kafka.errors import KafkaError, error_code_for
 from kmqkafka.kafka.topics import Topic, TopicCatalog, log_config_for, validate_topic_name
@@ -223,7 +225,8 @@ def _create_response(ctx: RequestContext, names: list[str], outcomes: list[Outco
             configs = tuple(
                 make(t.CreatableTopicConfigs, name=e.name, value=e.value,
                      read_only=e.read_only, config_source=e.source, is_sensitive=False)
-                for e in topic_config_entries(topic, None, broker_topic_defaults(ctx))
+                for e in topic_config_entries(topic, None, broker_topic_defaults(ctx),
+                                              dynamic_synonyms(ctx.broker.extras["topics"]))
             )
         results.append(make(
             t.CreatableTopicResult, name=name, topic_id=topic_id,

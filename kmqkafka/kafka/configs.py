@@ -6,10 +6,16 @@ Changes go through ``TopicCatalog.set_configs``, which also rewrites the LogConf
 of every partition's channel (retention, segment size, cleanup policy, max
 message size take effect on the store).
 
-Broker resources describe a read-only set taken from the daemon's settings
-(resource name ``""`` is the cluster-wide dynamic default, which is empty here);
-altering one answers INVALID_REQUEST, since broker settings come from the
-environment, options or the TOML file. Group resources (Kafka 4's per-group session timeout
+Broker resources describe the daemon's settings. The broker configs that supply topic
+configs' defaults (``log.retention.ms``, ``log.cleanup.policy``, ``message.max.bytes``, ...)
+can be changed at runtime as Kafka's dynamic defaults, cluster-wide (resource name ``""``,
+``kafka-configs --entity-type brokers --entity-default``; DYNAMIC_DEFAULT_BROKER_CONFIG) or for
+this broker (its id; DYNAMIC_BROKER_CONFIG, which wins): stored and replicated in the topic
+catalog (``TopicCatalog.set_cluster_defaults``), they apply at once to every topic that does
+not override them. On a cluster every node holds every partition, so a per-broker value could
+not differ from the rest: there only the cluster-wide default can be changed. Any other broker
+config answers INVALID_REQUEST (set those in the environment, options or the TOML file).
+Group resources (Kafka 4's per-group session timeout
 and heartbeat interval) are described and altered through ``kafka.group_configs``. Other
 resource types are INVALID_REQUEST.
 
@@ -48,7 +54,9 @@ DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER, RESOURCE_CLIENT_METRICS = 2, 4, 8, 16
 RESOURCE_GROUP = 32
 # ConfigSource
-SOURCE_DYNAMIC_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT, SOURCE_DYNAMIC_GROUP = 1, 4, 5, 8
+SOURCE_DYNAMIC_TOPIC, SOURCE_DYNAMIC_BROKER, SOURCE_DYNAMIC_DEFAULT_BROKER = 1, 2, 3
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT, SOURCE_DYNAMIC_GROUP = 5, 8
 # ConfigType
 UNKNOWN, BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST = 0, 1, 2, 3, 4, 5, 6, 7
 # AlterConfigOp.OpType
@@ -98,6 +106,9 @@ _BROKER_SYNONYM: dict[str, str] = {
     "local.retention.bytes": "log.local.retention.bytes",
     "local.retention.ms": "log.local.retention.ms",
 }
+# The broker configs that may change at runtime (as cluster-wide defaults), and the topic
+# config each is the default of (Kafka's DynamicLogConfig: the first synonym of each).
+_DYNAMIC_DEFAULTS = {broker: topic for topic, broker in _BROKER_SYNONYM.items()}
 # Kafka's broker defaults for these are set in hours (the *.ms synonyms default to null,
 # and Kafka lists only synonyms that have a value).
 _HOURS_SYNONYM = {"retention.ms": "log.retention.hours", "segment.ms": "log.roll.hours",
@@ -263,12 +274,15 @@ def broker_topic_defaults(ctx: RequestContext) -> dict[str, str]:
 
 
 def topic_config_entries(topic: Topic, names: Iterable[str] | None = None,
-                         defaults: Mapping[str, str] | None = None) -> list[ConfigEntry]:
+                         defaults: Mapping[str, str] | None = None,
+                         dynamic: Mapping[str, list[tuple[str, str | None, int]]] | None = None,
+                         ) -> list[ConfigEntry]:
     """The topic's configs (all, or those of ``names`` that exist), in name order.
 
     ``defaults`` overrides entries of ``TOPIC_CONFIG_DEFAULTS`` (see
-    ``broker_topic_defaults``). Synonyms list the topic override (if any) then the broker
-    default, as Kafka does.
+    ``broker_topic_defaults``); ``dynamic`` are the dynamic broker defaults in force
+    (``dynamic_synonyms``). Synonyms list the topic override (if any), the dynamic broker
+    values, then the static broker default, as Kafka does.
     """
     wanted = sorted(TOPIC_CONFIG_DEFAULTS) if names is None else list(dict.fromkeys(names))
     out = []
@@ -279,11 +293,15 @@ def topic_config_entries(topic: Topic, names: Iterable[str] | None = None,
         if default is None:
             continue  # Kafka omits names it does not know
         synonyms: list[tuple[str, str | None, int]] = []
+        brokers = (dynamic or {}).get(name, [])
         if name in topic.configs:
             value, source = topic.configs[name], SOURCE_DYNAMIC_TOPIC
             synonyms.append((name, value, SOURCE_DYNAMIC_TOPIC))
+        elif brokers:
+            _n, value, source = brokers[0]
         else:
             value, source = default, SOURCE_DEFAULT
+        synonyms += brokers
         broker = _default_synonym(name, default)
         if broker is not None:
             synonyms.append((broker[0], broker[1], SOURCE_DEFAULT))
@@ -413,10 +431,40 @@ def broker_config_entries(ctx: RequestContext) -> list[ConfigEntry]:
         if broker_name is not None and broker_name not in values:
             values[broker_name] = (value, SOURCE_DEFAULT, _TOPIC_TYPES.get(topic_name, LONG))
             topic_of[broker_name] = topic_name
-    return [ConfigEntry(name, value, source, True, kind, ((name, value, source),),
+    synonyms = {name: ((name, value, source),) for name, (value, source, _k) in values.items()}
+    for topic_name, dynamic in dynamic_synonyms(topics).items():
+        broker_name, value, source = dynamic[0]
+        synonyms[broker_name] = (*dynamic, *synonyms.get(broker_name, ()))
+        values[broker_name] = (value, source, _TOPIC_TYPES.get(topic_name, LONG))
+        topic_of[broker_name] = topic_name
+    return [ConfigEntry(name, value, source, name not in _DYNAMIC_DEFAULTS, kind,
+                        synonyms[name],
                         _BROKER_DOCS.get(name) or _DOCS.get(topic_of.get(name, "")),
                         kind == UNKNOWN)  # Kafka hides what it cannot type
             for name, (value, source, kind) in sorted(values.items())]
+
+
+def dynamic_synonyms(topics: TopicCatalog) -> dict[str, list[tuple[str, str | None, int]]]:
+    """Topic config -> its dynamic broker defaults in force, as synonyms in Kafka's order:
+    this broker's own value, then the cluster-wide one."""
+    out: dict[str, list[tuple[str, str | None, int]]] = {}
+    for source, values in ((SOURCE_DYNAMIC_BROKER, topics.cluster_defaults(topics.node_id)),
+                           (SOURCE_DYNAMIC_DEFAULT_BROKER, topics.cluster_defaults())):
+        for topic_name, value in values.items():
+            out.setdefault(topic_name, []).append((_BROKER_SYNONYM[topic_name], value, source))
+    return out
+
+
+def cluster_default_entries(topics: TopicCatalog) -> list[ConfigEntry]:
+    """The broker resource ``""``: the dynamic cluster-wide defaults that are set."""
+    out = []
+    for topic_name, value in sorted(topics.cluster_defaults().items()):
+        name = _BROKER_SYNONYM[topic_name]
+        out.append(ConfigEntry(name, value, SOURCE_DYNAMIC_DEFAULT_BROKER, False,
+                               _TOPIC_TYPES.get(topic_name, LONG),
+                               ((name, value, SOURCE_DYNAMIC_DEFAULT_BROKER),),
+                               _DOCS.get(topic_name)))
+    return sorted(out, key=lambda e: e.name)
 
 
 # --- Authorization ----------------------------------------------------------------------
@@ -492,12 +540,14 @@ def _describe_resource(ctx: RequestContext, topics: TopicCatalog, res: Any) -> l
         if topic is None:
             raise KafkaError(ErrorCode.unknown_topic_or_partition,
                              f"The topic '{res.resource_name}' does not exist.")
-        return topic_config_entries(topic, keys, broker_topic_defaults(ctx))
+        return topic_config_entries(topic, keys, broker_topic_defaults(ctx),
+                                    dynamic_synonyms(topics))
     if res.resource_type == RESOURCE_GROUP:
         return _group_configs(ctx).entries(res.resource_name, keys)
     if res.resource_type == RESOURCE_BROKER:
         if res.resource_name == "":
-            return []  # no dynamic cluster-wide defaults exist here
+            entries = cluster_default_entries(topics)
+            return [e for e in entries if keys is None or e.name in set(keys)]
         _check_broker(ctx, res.resource_name)
         entries = broker_config_entries(ctx)
         if keys is not None:
@@ -540,6 +590,56 @@ def _alter_group(ctx: RequestContext, res: Any, incremental: bool,
                              f"Can't {verb} to key {cfg.name} because its type is not LIST.")
         changes[cfg.name] = value
     return _group_configs(ctx).alter(res.resource_name, changes, validate_only=validate_only)
+
+
+def _alter_cluster_defaults(ctx: RequestContext, topics: TopicCatalog, res: Any,
+                            incremental: bool, validate_only: bool) -> Deferred:
+    """Kafka's dynamic cluster-wide defaults of the log configs (see the module docstring)."""
+    if res.resource_name != "":
+        _check_broker(ctx, res.resource_name)
+    fixed = sorted(c.name for c in res.configs if c.name not in _DYNAMIC_DEFAULTS)
+    if fixed:
+        raise KafkaError(ErrorCode.invalid_request,
+                         f"Cannot update these configs dynamically: {', '.join(fixed)} (set "
+                         "them at start-up: environment, options or the TOML file)")
+    broker_id = None if res.resource_name == "" else int(res.resource_name)
+    if broker_id is not None and identity.clustered(ctx.broker) and res.configs:
+        raise KafkaError(ErrorCode.invalid_request,
+                         f"Cannot update these configs for broker {res.resource_name} alone: "
+                         f"{', '.join(sorted(c.name for c in res.configs))} (every node holds "
+                         "every partition, so they are cluster-wide: set them on the default "
+                         "broker resource, kafka-configs --entity-type brokers --entity-default)")
+    current = {**topics.cluster_defaults(), **topics.cluster_defaults(broker_id)} if (
+        broker_id is not None) else topics.cluster_defaults()
+    changes: dict[str, str | None] = {}
+    for cfg in res.configs:
+        name = _DYNAMIC_DEFAULTS[cfg.name]
+        if not incremental:
+            if cfg.value is None:
+                raise KafkaError(ErrorCode.invalid_request,
+                                 f"Null value not supported for : {cfg.name}")
+            changes[name] = cfg.value
+            continue
+        plain, value = _set_or_delete(cfg)
+        if plain:
+            changes[name] = value
+        elif cfg.config_operation in (OP_APPEND, OP_SUBTRACT):
+            if _TOPIC_TYPES.get(name, LONG) != LIST:
+                verb = "APPEND" if cfg.config_operation == OP_APPEND else "SUBTRACT"
+                raise KafkaError(ErrorCode.invalid_config,
+                                 f"Can't {verb} to key {cfg.name} because its type is not LIST.")
+            parts = _parts(current.get(name, TOPIC_CONFIG_DEFAULTS[name]))
+            given = _parts(cfg.value)
+            if cfg.config_operation == OP_APPEND:
+                parts += [p for p in given if p not in parts]
+            else:
+                parts = [p for p in parts if p not in given]
+            changes[name] = ",".join(parts)
+        else:
+            raise KafkaError(ErrorCode.invalid_request,
+                             f"Unknown operation type {cfg.config_operation}")
+    return topics.set_cluster_defaults(changes, replace=not incremental,
+                                       validate_only=validate_only, broker_id=broker_id)
 
 
 def _set_or_delete(cfg: Any) -> tuple[bool, str | None]:
@@ -605,12 +705,7 @@ def _alter_resource(ctx: RequestContext, topics: TopicCatalog, res: Any, increme
     if len(set(names)) != len(names):
         raise KafkaError(ErrorCode.invalid_request, "Error due to duplicate config keys")
     if res.resource_type == RESOURCE_BROKER:
-        if res.resource_name != "":
-            _check_broker(ctx, res.resource_name)
-        raise KafkaError(ErrorCode.invalid_request,
-                         "Cannot update these configs dynamically: "
-                         f"{', '.join(sorted(names))} (broker settings are read-only here; set "
-                         "them in the environment, options or the TOML file)")
+        return _alter_cluster_defaults(ctx, topics, res, incremental, validate_only)
     if res.resource_type == RESOURCE_GROUP:
         return _alter_group(ctx, res, incremental, validate_only)
     if res.resource_type != RESOURCE_TOPIC:
@@ -675,5 +770,6 @@ def register(dispatcher: Dispatcher) -> None:
     dispatcher.register(INCREMENTAL_ALTER_CONFIGS, incremental_alter_configs, 0, 1)
 
 
-__all__ = ["ConfigEntry", "broker_config_entries", "broker_topic_defaults", "register",
+__all__ = ["ConfigEntry", "broker_config_entries", "broker_topic_defaults",
+           "cluster_default_entries", "dynamic_synonyms", "register",
            "topic_config_entries"]

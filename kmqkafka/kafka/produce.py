@@ -246,7 +246,9 @@ def _produce_topic(ctx: RequestContext, topics: TopicCatalog, topic_key: Any,
 
 
 def _limit(ctx: RequestContext, topic: Topic) -> int:
-    explicit = topic.configs.get("max.message.bytes")
+    """The topic's max.message.bytes, else the cluster's dynamic message.max.bytes, else the
+    start-up setting."""
+    explicit = topic.configs.get("max.message.bytes") or topic.defaults.get("max.message.bytes")
     if explicit is not None:
         return int(explicit)
     return ctx.broker.settings.kafka_max_message_bytes

@@ -49,6 +49,10 @@ OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact", "compression.type": "produ
                          "segment.bytes": "104857600"}  # what Kafka creates it with
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 _KEY_PREFIX = b"topic:"
+# Kafka's dynamic broker defaults of topic configs, JSON by topic config name, in the catalog's
+# family: cluster-wide (``kafka-configs --entity-type brokers --entity-default``) under this key,
+# one broker's own (``--entity-name N``) under this key + b":N".
+_CLUSTER_DEFAULTS_KEY = b"broker-defaults"
 CONFIG_FAMILY = "config"
 
 # Kafka topic configs: name -> (default as Kafka reports it, LogConfig field or None).
@@ -151,13 +155,18 @@ class Topic:
     topic_id: uuid.UUID
     partitions: int
     configs: Mapping[str, str] = field(default_factory=dict)
+    # The cluster-wide dynamic defaults in force (not part of the topic's own record).
+    defaults: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def channels(self) -> list[str]:
         return [channel_for(self.name, p) for p in range(self.partitions)]
 
     def config_value(self, name: str) -> str | None:
+        """The topic's override, else the cluster's dynamic default, else Kafka's."""
         if name in self.configs:
             return self.configs[name]
+        if name in self.defaults:
+            return self.defaults[name]
         return TOPIC_CONFIG_DEFAULTS.get(name)
 
 
@@ -301,14 +310,17 @@ _LOG_FIELDS = {
 }
 
 
-def _all_log_changes(configs: Mapping[str, str]) -> dict[str, Any]:
-    """LogConfig for a topic's full config set (defaults filled in).
+def _all_log_changes(configs: Mapping[str, str],
+                     defaults: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """LogConfig for a topic's full config set (the cluster's dynamic ``defaults``, then
+    Kafka's, filled in).
 
     The explicit set is validated on its own first: merging over the known names
     alone would silently drop an unknown one.
     """
     validate_configs(configs)
-    merged = {name: configs.get(name, default) for name, default in TOPIC_CONFIG_DEFAULTS.items()}
+    base = {**TOPIC_CONFIG_DEFAULTS, **(defaults or {})}
+    merged = {name: configs.get(name, default) for name, default in base.items()}
     changes = validate_configs(merged)
     _check_compaction_lags(merged)
     _check_remote_storage(merged)
@@ -389,13 +401,16 @@ class TopicCatalog:
     """Create, grow, reconfigure, delete and look up topics. Reactor thread only."""
 
     def __init__(self, store: Any, *, default_partitions: int = 1,
-                 max_partitions: int | None = None) -> None:
+                 max_partitions: int | None = None, node_id: int = 1) -> None:
         """``max_partitions``: the most channels this node may hold (see
-        ``partition_budget``); creates beyond it are POLICY_VIOLATION."""
+        ``partition_budget``); creates beyond it are POLICY_VIOLATION. ``node_id``: whose
+        per-broker dynamic defaults apply here."""
         self._store = store
+        self.node_id = node_id
+        self._broker_key = _CLUSTER_DEFAULTS_KEY + b":" + str(node_id).encode()
         self.max_partitions = max_partitions
         self._reserved = 0  # partitions of creates and growths proposed but not yet answered
-        self._cache: dict[str, tuple[bytes, Topic]] = {}
+        self._cache: dict[str, tuple[bytes, bytes | None, Topic]] = {}
         # Every topic, sorted, and by id, as of one state of the catalog family (see
         # ``listing``): Metadata and any lookup by topic id would otherwise decode the whole
         # catalog on every request (40 ms of the reactor per full Metadata at 2,000 topics).
@@ -442,12 +457,30 @@ class TopicCatalog:
         if raw is None:
             self._cache.pop(name, None)
             return None
+        defaults_raw = (self._store.keyed_get(CONFIG_FAMILY, _CLUSTER_DEFAULTS_KEY),
+                        self._store.keyed_get(CONFIG_FAMILY, self._broker_key))
         cached = self._cache.get(name)
-        if cached is not None and cached[0] == raw:
-            return cached[1]
-        topic = _decode(name, raw)
-        self._cache[name] = (raw, topic)
+        if cached is not None and cached[0] == raw and cached[1] == defaults_raw:
+            return cached[2]
+        topic = _decode(name, raw, self.dynamic_defaults())
+        self._cache[name] = (raw, defaults_raw, topic)
         return topic
+
+    def cluster_defaults(self, broker_id: int | None = None) -> dict[str, str]:
+        """The dynamic defaults of topic configs set cluster-wide, or for broker
+        ``broker_id`` alone, by topic config name."""
+        key = _CLUSTER_DEFAULTS_KEY if broker_id is None else (
+            _CLUSTER_DEFAULTS_KEY + b":" + str(broker_id).encode())
+        raw = self._store.keyed_get(CONFIG_FAMILY, key)
+        return json.loads(raw) if raw else {}
+
+    def dynamic_defaults(self) -> dict[str, str]:
+        """What applies on this node: its own per-broker values over the cluster-wide ones."""
+        merged = self.cluster_defaults()
+        raw = self._store.keyed_get(CONFIG_FAMILY, self._broker_key)
+        if raw:
+            merged.update(json.loads(raw))
+        return merged
 
     def require(self, name: str) -> Topic:
         topic = self.get(name)
@@ -516,8 +549,9 @@ class TopicCatalog:
         self._check_collision(name)
         self._check_budget(partitions)
         explicit = {k: v for k, v in (configs or {}).items() if v is not None}
-        log_changes = _all_log_changes(explicit)
-        topic = Topic(name, uuid.uuid4(), partitions, explicit)
+        defaults = self.dynamic_defaults()
+        log_changes = _all_log_changes(explicit, defaults)
+        topic = Topic(name, uuid.uuid4(), partitions, explicit, defaults)
         if validate_only:
             return _done(topic)
         # The catalog entry, with "must be absent", goes last: the batch checks it before
@@ -649,14 +683,49 @@ class TopicCatalog:
                 else:
                     merged[k] = v
         validate_configs(configs)
-        log_changes = _all_log_changes(merged)
-        updated = Topic(topic.name, topic.topic_id, topic.partitions, merged)
+        log_changes = _all_log_changes(merged, topic.defaults)
+        updated = Topic(topic.name, topic.topic_id, topic.partitions, merged, topic.defaults)
         if validate_only:
             return _done(updated)
         cmds: list[c.Command] = [self._put(updated, expect=self._raw(name))]
         cmds += [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
         d = self._store.propose(c.Batch(tuple(cmds)))
         return d.addCallback(lambda _r: updated)
+
+    def set_cluster_defaults(self, changes: Mapping[str, str | None], *, replace: bool,
+                             validate_only: bool = False, broker_id: int | None = None
+                             ) -> Deferred:
+        """Change the dynamic defaults of topic configs set cluster-wide, or for broker
+        ``broker_id`` (``changes`` by topic config name; None deletes; ``replace``:
+        unspecified ones go). In the same replicated batch every topic's channels get their
+        log config anew, so topics without an override follow at once. Fires with the new
+        defaults. ``KeyConflict`` if they changed meanwhile: run it under ``retrying``."""
+        key = _CLUSTER_DEFAULTS_KEY if broker_id is None else (
+            _CLUSTER_DEFAULTS_KEY + b":" + str(broker_id).encode())
+        raw = self._store.keyed_get(CONFIG_FAMILY, key)
+        merged = {} if replace else (json.loads(raw) if raw else {})
+        for name, value in changes.items():
+            if value is None:
+                merged.pop(name, None)
+            else:
+                merged[name] = value
+        validate_configs({k: v for k, v in changes.items() if v is not None})
+        if broker_id is None:
+            effective = {**merged, **self.cluster_defaults(self.node_id)}
+        else:
+            effective = {**self.cluster_defaults(), **merged}
+        per_topic = [(topic, _all_log_changes(dict(topic.configs), effective))
+                     for topic in self.all()]  # INVALID_CONFIG if any topic would be invalid
+        _all_log_changes({}, effective)
+        if validate_only:
+            return _done(merged)
+        value = json.dumps(merged, sort_keys=True).encode() if merged else None
+        cmds: list[c.Command] = [c.KeyedPut(
+            CONFIG_FAMILY, ((key, value),), self._store.now_ms(), expect=((key, raw),))]
+        for topic, log_changes in per_topic:
+            cmds += [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
+        d = self._store.propose(c.Batch(tuple(cmds)))
+        return d.addCallback(lambda _r: merged)
 
     def delete(self, name: str) -> Deferred:
         """Delete a topic. ``KeyConflict`` if it changed meanwhile: run it under ``retrying``."""
@@ -696,9 +765,10 @@ def _encode(topic: Topic) -> bytes:
                        "configs": dict(topic.configs)}, sort_keys=True).encode()
 
 
-def _decode(name: str, raw: bytes) -> Topic:
+def _decode(name: str, raw: bytes, defaults: Mapping[str, str] | None = None) -> Topic:
     data = json.loads(raw)
-    return Topic(name, uuid.UUID(data["id"]), int(data["partitions"]), data.get("configs", {}))
+    return Topic(name, uuid.UUID(data["id"]), int(data["partitions"]), data.get("configs", {}),
+                 defaults or {})
 
 
 def _done(value: Any) -> Deferred:

@@ -231,13 +231,13 @@ def test_broker_configs_need_rights_on_the_cluster(acls):
     broker = ConfigResource(ResourceType.BROKER, "1")
     refused = ErrorCode.cluster_authorization_failed
     assert code_of(alice.describe_configs([broker])[broker]) == refused
-    change = _incremental(ResourceType.BROKER, "1", "log.retention.ms", "1000")
+    change = _incremental(ResourceType.BROKER, "1", "num.io.threads", "4")
     assert code_of(alice.incremental_alter_configs([change])[change]) == refused
     grant(acls, allow(CLUSTER, CLUSTER_NAME, ALICE, AclOperation.DESCRIBE_CONFIGS))
     assert alice.describe_configs([broker])[broker].result(WAIT)["broker.id"].value == "1"
     assert code_of(alice.incremental_alter_configs([change])[change]) == refused
     grant(acls, allow(CLUSTER, CLUSTER_NAME, ALICE, AclOperation.ALTER_CONFIGS))
-    # Authorized now: what is left is that broker settings are read-only here.
+    # Authorized now: what is left is that this broker setting is read-only here.
     assert code_of(alice.incremental_alter_configs([change])[change]) == (
         ErrorCode.invalid_request)
 

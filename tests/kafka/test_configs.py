@@ -163,7 +163,13 @@ def test_describe_unknown_topic_and_broker(admin: AdminClient) -> None:
     broker = future.result(WAIT)
     assert broker["message.max.bytes"].value == "1048576"
     assert broker["broker.id"].value == "1"
-    assert all(e.is_read_only for e in broker.values())
+    # Only the log defaults can change at runtime (test_broker_configs), as in Kafka.
+    assert broker["broker.id"].is_read_only and not broker["message.max.bytes"].is_read_only
+    assert {e.name for e in broker.values() if not e.is_read_only} <= {
+        "log.cleanup.policy", "compression.type", "message.max.bytes", "min.insync.replicas",
+        "unclean.leader.election.enable", "compression.gzip.level", "compression.lz4.level",
+        "compression.zstd.level"} | {e.name for e in broker.values()
+                                     if e.name.startswith(("log.", "message."))}
 
 
 # --- AlterConfigs (replace) and IncrementalAlterConfigs ------------------------------------
@@ -287,9 +293,9 @@ def test_incremental_set_delete_append_subtract(kafka: BrokerProcess, admin: Adm
     assert describe(admin, "iac")["segment.ms"].is_default
 
 
-def test_broker_configs_are_read_only(admin: AdminClient) -> None:
+def test_broker_configs_other_than_log_defaults_are_read_only(admin: AdminClient) -> None:
     resource = ConfigResource("broker", "1", incremental_configs=[
-        ConfigEntry("log.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)])
+        ConfigEntry("num.io.threads", "1", incremental_operation=AlterConfigOpType.SET)])
     (future,) = admin.incremental_alter_configs([resource]).values()
     code, message = failure(future)
     assert code == 42 and "Cannot update these configs dynamically" in message
