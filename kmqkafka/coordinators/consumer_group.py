@@ -102,6 +102,9 @@ class HeartbeatRequest:
     client_id: str = ""
     client_host: str = ""
     client_generates_id: bool = True
+    # The topics of ``names`` this member may describe (the ACLs, as its principal): what its
+    # regex may match. None lets every topic through.
+    describable: Callable[[list[str]], list[str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,9 @@ class ConsumerMember:
     revoking: Assignment = field(default_factory=dict)
     # Set for a member that speaks the classic protocol (``classic_members``).
     classic: ClassicProtocol | None = None
+    # Its last heartbeat's ``HeartbeatRequest.describable`` (not persisted: after a restart a
+    # regex matches every topic until the member's next heartbeat).
+    describable: Callable[[list[str]], list[str]] | None = None
     session_timer: IDelayedCall | None = None
     revocation_timer: IDelayedCall | None = None
     join_timer: IDelayedCall | None = None  # classic: from REBALANCE_IN_PROGRESS to JoinGroup
@@ -231,6 +237,15 @@ def _json_classic(cp: ClassicProtocol) -> dict[str, Any]:
 def _read_classic(d: Mapping[str, Any]) -> ClassicProtocol:
     return ClassicProtocol(d["session_ms"],
                            tuple((n, base64.b64decode(md)) for n, md in d["protocols"]))
+
+
+def _matching(member: ConsumerMember, names: list[str]) -> list[str]:
+    """The topics of ``names`` the member's regex subscribes it to: those it matches in full
+    and, with ACLs, that the member may describe (Kafka never assigns a member a topic it
+    could not see through Metadata)."""
+    pattern = re.compile(member.regex or "")
+    matched = [n for n in names if pattern.fullmatch(n)]
+    return member.describable(matched) if member.describable is not None and matched else matched
 
 
 class ConsumerGroupLog:
@@ -619,6 +634,8 @@ class ConsumerGroupCoordinator(ClassicMembers):
         if req.server_assignor is not None and req.server_assignor != member.assignor:
             member.assignor = req.server_assignor
             bump = True
+        if req.describable is not None:
+            member.describable = req.describable
         return bump
 
     # --- subscription metadata and target assignment ------------------------------------
@@ -633,12 +650,11 @@ class ConsumerGroupCoordinator(ClassicMembers):
         if regexes - group.resolved_regexes and not group.resolving:
             group.resolving = True
             self.clock.callLater(0, self._resolve_regexes, group)
-        regexes &= group.resolved_regexes
-        if regexes:
+        if regexes & group.resolved_regexes:
             all_names = [t.name for t in self.topics.all()]
-            for rx in regexes:
-                pattern = re.compile(rx)
-                names.update(n for n in all_names if pattern.fullmatch(n))
+            for m in group.members.values():
+                if m.regex in group.resolved_regexes:
+                    names.update(_matching(m, all_names))
         return names
 
     def _resolve_regexes(self, group: ConsumerGroup) -> None:
@@ -659,8 +675,7 @@ class ConsumerGroupCoordinator(ClassicMembers):
         """Topic ids (str) of existing topics the member subscribes to."""
         names = set(member.topics)
         if member.regex:
-            pattern = re.compile(member.regex)
-            names.update(n for n in group.metadata if pattern.fullmatch(n))
+            names.update(_matching(member, list(group.metadata)))
         return frozenset(group.metadata[n][0] for n in names if n in group.metadata)
 
     def _refresh_metadata(self, group: ConsumerGroup) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 from twisted.internet.defer import Deferred
@@ -126,12 +126,18 @@ def heartbeat(request: Any, ctx: RequestContext) -> Deferred | Any:
         subscribed_topic_regex=getattr(request, "subscribed_topic_regex", None),
         server_assignor=request.server_assignor, owned=owned,
         client_id=ctx.client_id or "", client_host=f"/{host}" if host else "",
-        client_generates_id=ctx.api_version >= 1)
+        client_generates_id=ctx.api_version >= 1,
+        describable=_describable(ctx) if authz.enabled(ctx) else None)
     if request.group_id in dict(groups.share_group_states(ctx.broker)):
         return heartbeat_response(HeartbeatResult(
             ErrorCode.group_id_not_found, f"Group {request.group_id} is not a consumer group.",
             request.member_id, -1, 0, None), ctx)
     return coordinator(ctx.broker).heartbeat(req).addCallback(heartbeat_response, ctx)
+
+
+def _describable(ctx: RequestContext) -> Callable[[list[str]], list[str]]:
+    """The topics a regex may subscribe this member to: those its principal may describe."""
+    return lambda names: authz.filtered(ctx, authz.DESCRIBE, authz.TOPIC, names)
 
 
 def _topic_partitions(cls: type, a: Assignment) -> tuple[Any, ...]:

@@ -331,6 +331,47 @@ def test_a_kip848_heartbeat_naming_a_hidden_topic_is_refused(acl_broker):
     assert joined.error_code == E.none and joined.member_epoch > 0
 
 
+def test_a_kip848_regex_subscribes_a_member_only_to_topics_it_may_describe(acl_broker):
+    """Kafka resolves a member's regex against the topics its principal may describe: alice's
+    regex matches two topics but she is assigned only the one she may see; the super user's
+    member with the same regex in another group gets both."""
+    from kio.schema.consumer_group_heartbeat.v1.request import (
+        ConsumerGroupHeartbeatRequest as Heartbeat,
+    )
+
+    prefix = unique("rx").replace("-", "")
+    seen, unseen = f"{prefix}-seen", f"{prefix}-unseen"
+    admin = admin_client(acl_broker)
+    for name in (seen, unseen):
+        admin.create_topics([NewTopic(name, 2, 1)])[name].result(WAIT)
+    group = unique("rx-group")
+    grant(acl_broker, allow(GROUP, group, ALICE, READ), allow(TOPIC, seen, ALICE, DESCRIBE))
+
+    def assigned(user: str, group_id: str) -> int:
+        """Partitions the member is assigned once its regex is resolved."""
+        member = uuid.uuid4().hex
+        with raw(acl_broker, user) as client:
+            first = client.call(Heartbeat(
+                group_id=group_id, member_id=member, member_epoch=0,
+                rebalance_timeout=datetime.timedelta(seconds=30),
+                subscribed_topic_regex=f"{prefix}-.*", topic_partitions=()))
+            assert first.error_code == E.none, first
+            deadline = time.monotonic() + WAIT
+            while time.monotonic() < deadline:
+                time.sleep(0.2)
+                r = client.call(Heartbeat(group_id=group_id, member_id=member,
+                                          member_epoch=first.member_epoch, topic_partitions=()))
+                assert r.error_code in (E.none, E.fenced_member_epoch), r
+                if r.assignment is not None and r.assignment.topic_partitions:
+                    return sum(len(tp.partitions) for tp in r.assignment.topic_partitions)
+                if r.error_code is E.none:
+                    first = r
+        raise AssertionError("no assignment")
+
+    assert assigned("alice", group) == 2  # the two partitions of the topic she may describe
+    assert assigned("admin", unique("rx-admin")) == 4
+
+
 # --- share groups -----------------------------------------------------------------------
 
 
