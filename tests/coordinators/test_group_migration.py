@@ -13,6 +13,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from kio.schema.consumer_protocol_subscription.v1.data import (
     ConsumerProtocolSubscription as Sub, TopicPartition as SubTP,
 )
@@ -51,10 +53,13 @@ class ClassicClient:
     def join(self) -> Any:
         if not self.cooperative:
             self.owned = {}
-        protocol = "cooperative-sticky" if self.cooperative else "range"
+        # Both assignors, the client's own first (as librdkafka lists what it is configured
+        # with): a group's classic members need one protocol in common.
+        metadata = subscription(self.topics, self.owned)
+        names = ("cooperative-sticky", "range") if self.cooperative else (
+            "range", "cooperative-sticky")
         req = JoinRequest("g", self.member_id, self.instance, "consumer",
-                          ((protocol, subscription(self.topics, self.owned)),),
-                          CLASSIC_SESSION_MS, REBALANCE_MS)
+                          tuple((n, metadata) for n in names), CLASSIC_SESSION_MS, REBALANCE_MS)
         r = result(self.h.classic.join(req))
         if r.error is E.member_id_required:
             self.member_id = r.member_id
@@ -283,3 +288,53 @@ def test_assignments_round_trip_in_every_embedded_version() -> None:
 
 
 _ = Client  # the KIP-848 client type used through Harness.client
+
+
+def _leave(h: Harness, c: Any) -> None:
+    """A client leaves: a KIP-848 member by heartbeat, a classic one by LeaveGroup (which
+    the LeaveGroup handler sends to the consumer group while the group is one)."""
+    if isinstance(c, ClassicClient):
+        errors, written = h.c.leave_members("g", [(c.member_id, c.instance)])
+        assert errors == [E.none] and result(written) is None
+        c.owned, c.generation = {}, -1
+    else:
+        assert c.leave().error is E.none
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_mixed_membership_never_gives_a_partition_to_two_members(seed: int) -> None:
+    """Classic members (eager and cooperative) and KIP-848 members join, heartbeat, rejoin and
+    leave in a seeded random order while one KIP-848 member stays; after every call no
+    partition is owned by two clients, and once calm the group converges on a full split."""
+    rng = random.Random(seed)
+    h = Harness()
+    first = classic_group(h, cooperative=rng.random() < 0.5)
+    anchor = h.client("anchor")
+    anchor.heartbeat()
+    live: list[Any] = [first, anchor]
+    names = iter(f"m{i}" for i in range(1000))
+    for _ in range(120):
+        roll = rng.random()
+        if roll < 0.12 and len(live) < 6:
+            if rng.random() < 0.5:
+                c: Any = ClassicClient(h, cooperative=rng.random() < 0.5)
+                assert c.join().error is E.none and c.sync().error is E.none
+            else:
+                c = h.client(next(names))
+                assert c.heartbeat().error is E.none
+            live.append(c)
+        elif roll < 0.2 and len(live) > 2:
+            c = rng.choice([x for x in live if x is not anchor])
+            _leave(h, c)
+            live.remove(c)
+        else:
+            c = rng.choice(live)
+            code = c.step() if isinstance(c, ClassicClient) else c.heartbeat().error
+            assert code is E.none
+        assert h.c.owns("g")
+        assert_no_overlap(h, live)
+    settle(h, live, rng, rounds=0)
+    settle(h, live, rng, rounds=0)
+    owned = [c.partitions() for c in live]
+    assert set().union(*owned) == all_partitions(h, "t")
+    assert sum(map(len, owned)) == 6
