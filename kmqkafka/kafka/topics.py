@@ -654,10 +654,10 @@ class TopicCatalog:
         if count < topic.partitions:
             raise KafkaError(ErrorCode.invalid_partitions, "partition count must be >= current")
         self._check_budget(count - topic.partitions)
-        grown = Topic(topic.name, topic.topic_id, count, topic.configs)
+        grown = Topic(topic.name, topic.topic_id, count, topic.configs, topic.defaults)
         if validate_only:
             return _done(grown)
-        log_changes = _all_log_changes(topic.configs)
+        log_changes = _all_log_changes(topic.configs, topic.defaults)
         cmds: list[c.Command] = [
             c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
             for p in range(topic.partitions, count)]

@@ -18,8 +18,8 @@ from conftest import BrokerProcess, start_broker
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import (  # noqa: E402
-    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic,
-    ResourceType,
+    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewPartitions,
+    NewTopic, ResourceType,
 )
 
 WAIT = 20.0
@@ -67,18 +67,19 @@ def describe(b: BrokerProcess, kind: str, name: str) -> dict:
 
 
 def produce(b: BrokerProcess, name: str, value: bytes, *, key: bytes | None = b"k",
-            timestamp: int = 0) -> KafkaError | None:
+            timestamp: int = 0, partition: int = 0) -> KafkaError | None:
     p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 0})
     errors: list = []
-    p.produce(name, value, key, timestamp=timestamp, on_delivery=lambda e, m: errors.append(e))
+    p.produce(name, value, key, partition=partition, timestamp=timestamp,
+              on_delivery=lambda e, m: errors.append(e))
     p.flush(WAIT)
     return errors[0]
 
 
-def low_watermark(b: BrokerProcess, name: str) -> int:
+def low_watermark(b: BrokerProcess, name: str, partition: int = 0) -> int:
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": "bc"})
     try:
-        return c.get_watermark_offsets(TopicPartition(name, 0), timeout=WAIT)[0]
+        return c.get_watermark_offsets(TopicPartition(name, partition), timeout=WAIT)[0]
     finally:
         c.close()
 
@@ -112,10 +113,15 @@ def test_a_broker_retention_default_deletes_old_records_of_topics_that_follow_it
         assert produce(kmq, name, b"old too", timestamp=hour_ago) is None
     try:
         set_broker(kmq, "1", log_retention_ms="60000")
+        client = admin(kmq)  # a partition added afterwards follows the default too
+        client.create_partitions([NewPartitions(plain, 2)])[plain].result(WAIT)
+        for _ in range(2):
+            assert produce(kmq, plain, b"old", timestamp=hour_ago, partition=1) is None
         deadline = time.monotonic() + WAIT
-        while low_watermark(kmq, plain) < 2 and time.monotonic() < deadline:
+        while time.monotonic() < deadline and (
+                low_watermark(kmq, plain) < 2 or low_watermark(kmq, plain, 1) < 2):
             time.sleep(0.2)
-        assert low_watermark(kmq, plain) == 2
+        assert low_watermark(kmq, plain) == low_watermark(kmq, plain, 1) == 2
         assert low_watermark(kmq, own) == 0
     finally:
         set_broker(kmq, "1", log_retention_ms=None)
