@@ -19,9 +19,9 @@ from kmqkafka.dispatch import Dispatcher
 from kmqkafka.heap import keep_freed_memory, settle_heap
 from kmqkafka.http import build_site
 from kmqkafka.kafka import (
-    acl, admin, api_versions, cluster, config_resources, configs, consumer_groups, fetch, groups,
-    metadata, offsets, placement, positions, produce, producers, quorum, security, share_groups,
-    share_offsets, transactions,
+    acl, admin, api_versions, client_quotas, cluster, config_resources, configs, consumer_groups,
+    fetch, groups, metadata, offsets, placement, positions, produce, producers, quorum, security,
+    share_groups, share_offsets, transactions,
 )
 from kmqkafka.kafka.acl_store import StoredAcls
 from kmqkafka.kafka.authz import Authorizer
@@ -60,7 +60,7 @@ class Options(usage.Options):
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
     offsets, consumer_groups, quorum, placement, config_resources, transactions, share_groups,
-    share_offsets, security,
+    share_offsets, security, client_quotas,
 )
 
 
@@ -131,7 +131,7 @@ def build_service(settings: Settings, reactor: Any, store: Any = None) -> Broker
                                clock=reactor)
         broker.extras["sasl"] = sasl_users  # the forwarder authenticates its relays with it
     security.register_sasl(dispatcher, sasl_users)
-    quotas.install(dispatcher, settings, reactor)
+    quotas.install(dispatcher, settings, reactor, client_quotas.install(broker))
 
     listeners: list[Listener] = []
     if settings.kafka_enable:

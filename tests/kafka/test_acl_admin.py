@@ -353,3 +353,29 @@ def test_cluster_admin_apis_need_rights_on_the_cluster(acls):
     assert codes() == [ErrorCode.none, ErrorCode.none, ErrorCode.none,
                        ErrorCode.no_reassignment_in_progress, ErrorCode.log_dir_not_found,
                        ErrorCode.none]
+
+
+def test_client_quotas_need_rights_on_the_cluster(acls):
+    """DescribeClientQuotas needs DESCRIBE_CONFIGS on the cluster, AlterClientQuotas
+    ALTER_CONFIGS (Kafka's CLUSTER_AUTHORIZATION_FAILED, per entry for the alter)."""
+    from kio.schema.alter_client_quotas.v1.request import (
+        AlterClientQuotasRequest, EntityData, EntryData, OpData,
+    )
+    from kio.schema.describe_client_quotas.v1.request import DescribeClientQuotasRequest
+    from kio.static.primitive import f64
+
+    alter = AlterClientQuotasRequest(entries=(EntryData(
+        entity=(EntityData(entity_type="client-id", entity_name="acl-quota"),),
+        ops=(OpData(key="producer_byte_rate", value=f64(1e6), remove=False),)),),
+        validate_only=False)
+    describe = DescribeClientQuotasRequest(components=(), strict=False)
+    refused = ErrorCode.cluster_authorization_failed
+    described, altered = raw(acls, "alice", describe, alter)
+    assert described.error_code == refused and described.entries is None
+    assert altered.entries[0].error_code == refused
+    grant(acls, allow(CLUSTER, CLUSTER_NAME, ALICE, AclOperation.ALTER_CONFIGS))
+    assert raw(acls, "alice", alter)[0].entries[0].error_code == ErrorCode.none
+    grant(acls, allow(CLUSTER, CLUSTER_NAME, ALICE, AclOperation.DESCRIBE_CONFIGS))
+    (described,) = raw(acls, "alice", describe)
+    assert [(e.entity[0].entity_name, e.values[0].value) for e in described.entries] == [
+        ("acl-quota", 1e6)]
