@@ -76,7 +76,6 @@ def describe_cluster(request: Any, ctx: RequestContext) -> Any:
                                   f"Unsupported endpoint type {endpoint_type}",
                     endpoint_type=endpoint_type, cluster_id=identity.cluster_id(ctx.broker),
                     controller_id=-1, brokers=(), cluster_authorized_operations=NOT_REQUESTED)
-    leader = identity.leader(ctx.broker)
     ops = cluster_operations(ctx, request.include_cluster_authorized_operations)
     return make(
         ctx.response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,

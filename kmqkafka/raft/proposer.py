@@ -55,7 +55,6 @@ from kmqkafka.raft.core import NotLeader, ProposalDropped, RaftNode, Role, SoftS
 from kmqkafka.raft.driver import RaftDriver
 from kmqkafka.raft.errors import (
     CommitTimeout, MalformedCommand, NoLeaderError, NotLeaderError, ProposalLost,
-    TransportError,
 )
 from kmqkafka.raft.log import HardState
 from kmqkafka.raft.messages import ELIDED, Entry, EntryKind, Gather, Snapshot, SnapshotMeta

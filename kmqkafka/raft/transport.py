@@ -50,7 +50,6 @@ Frames larger than ``max_frame`` close the connection.
 """
 from __future__ import annotations
 
-import os
 import random
 import struct
 import threading

@@ -31,7 +31,6 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from twisted.logger import Logger
 
@@ -59,7 +58,6 @@ from kmqkafka.store.segment import (
     parse_base,
     save_scan,
     scan_log,
-    write_all,
     write_batch_at_offset,
     write_index_parts,
 )
