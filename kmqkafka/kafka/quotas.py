@@ -17,7 +17,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
@@ -113,11 +113,13 @@ def throttled(quota: ByteRateQuota, clock: IReactorTime, *, measure_request: boo
     """
 
     def wrap(handler: Callable[..., Any]) -> Callable[..., Any]:
-        def handle(request: Any, ctx: Any) -> Deferred:
+        def handle(request: Any, ctx: Any) -> Any:
+            if not quota.enabled:  # no quota in force: the handler's answer as it is
+                return handler(request, ctx)
             d = maybeDeferred(handler, request, ctx)
 
             def charge(response: Any) -> Any:
-                if (response is NO_RESPONSE and not measure_request) or not quota.enabled:
+                if response is NO_RESPONSE and not measure_request:
                     return response
                 nbytes = _produced_bytes(request) if measure_request else _fetched_bytes(response)
                 delay = quota.record(ctx.client_id, nbytes, clock.seconds(), ctx.principal)
