@@ -46,14 +46,21 @@ def embedded_version(metadata: bytes) -> int:
     return min(max(struct.unpack_from(">h", metadata, 0)[0], 0), _MAX_EMBEDDED_VERSION)
 
 
+def _read(kind: str, data: bytes) -> tuple[int, Any]:
+    """(version, body) of an embedded ``kind`` message; ``ValueError`` if it does not decode."""
+    try:
+        (version,) = struct.unpack_from(">h", data, 0)
+        module, _v = _schema(kind, version)
+        name = "ConsumerProtocol" + kind.capitalize()
+        body, _ = entity_reader(getattr(module, name))(data, 2)
+    except Exception as exc:
+        raise ValueError(f"malformed consumer protocol {kind}: {exc}") from None
+    return version, body
+
+
 def decode_subscription(metadata: bytes) -> Subscription:
     """Raises ``ValueError`` when the bytes are not a consumer-protocol subscription."""
-    try:
-        (version,) = struct.unpack_from(">h", metadata, 0)
-        module, v = _schema("subscription", version)
-        sub, _ = entity_reader(module.ConsumerProtocolSubscription)(metadata, 2)
-    except Exception as exc:
-        raise ValueError(f"malformed consumer protocol subscription: {exc}") from None
+    version, sub = _read("subscription", metadata)
     owned = {tp.topic: frozenset(int(p) for p in tp.partitions)
              for tp in getattr(sub, "owned_partitions", ()) if tp.partitions}
     return Subscription(version, tuple(sub.topics), owned, getattr(sub, "rack_id", None))
@@ -66,12 +73,7 @@ def decode_assignment(data: bytes) -> dict[str, frozenset[int]]:
     assignment carrying user data (a custom assignor's, which a server assignor cannot keep)."""
     if not data:
         return {}
-    try:
-        (version,) = struct.unpack_from(">h", data, 0)
-        module, _v = _schema("assignment", version)
-        assignment, _ = entity_reader(module.ConsumerProtocolAssignment)(data, 2)
-    except Exception as exc:
-        raise ValueError(f"malformed consumer protocol assignment: {exc}") from None
+    _version, assignment = _read("assignment", data)
     if assignment.user_data:
         raise CustomAssignment("an assignment with user data (a custom client-side assignor) "
                                 "cannot be kept by a consumer group")

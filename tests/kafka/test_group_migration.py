@@ -14,8 +14,11 @@ import pytest
 from conftest import BrokerProcess, start_broker
 
 ck = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka import Consumer  # noqa: E402
+
+from tests.kafka.test_consumer_protocol import (  # noqa: E402
+    create_topic, produce as produce_records,
+)
 
 PARTITIONS = 4
 FAST = {"CONNECTORS_KAFKA_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
@@ -32,24 +35,14 @@ def kmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         b.stop()
 
 
-def topic_with_records(b: BrokerProcess, name: str, prefix: str, per_partition: int = 25
-                       ) -> set[bytes]:
-    admin = AdminClient({"bootstrap.servers": b.bootstrap})
-    for f in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
-        f.result(15)
-    return produce(b, name, prefix, per_partition)
+def topic_with_records(b: BrokerProcess, name: str, prefix: str) -> set[bytes]:
+    create_topic(b, name, PARTITIONS)
+    return produce(b, name, prefix)
 
 
-def produce(b: BrokerProcess, topic: str, prefix: str, per_partition: int = 25) -> set[bytes]:
-    p = Producer({"bootstrap.servers": b.bootstrap, "linger.ms": 2})
-    values = set()
-    for part in range(PARTITIONS):
-        for i in range(per_partition):
-            v = f"{prefix}-{part}-{i}".encode()
-            p.produce(topic, v, partition=part)
-            values.add(v)
-    assert p.flush(15) == 0
-    return values
+def produce(b: BrokerProcess, topic: str, prefix: str) -> set[bytes]:
+    """25 records per partition, each value unique (``test_consumer_protocol.produce``)."""
+    return produce_records(b, topic, PARTITIONS, 25, prefix)
 
 
 class Member:

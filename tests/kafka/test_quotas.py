@@ -10,8 +10,9 @@ RATE = 200_000  # bytes/s
 TOTAL = 1_000_000
 
 
-def produce(bootstrap, topic, throttles):
+def produce(bootstrap, topic, throttles, client_id="rdkafka"):
     p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                  "client.id": client_id,
                   "throttle_cb": lambda event: throttles.append(event.throttle_time)})
     start = time.monotonic()
     for _ in range(TOTAL // 1000):
@@ -85,18 +86,6 @@ def _describe_quotas(port, entity_type, name):
             {v.key: v.value for v in entry.values} for entry in response.entries}
 
 
-def _produce_as(bootstrap, topic, client_id, throttles):
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                  "client.id": client_id,
-                  "throttle_cb": lambda event: throttles.append(event.throttle_time)})
-    start = time.monotonic()
-    for _ in range(TOTAL // 1000):
-        p.produce(topic, value=b"x" * 1000)
-        p.poll(0)
-    assert p.flush(60) == 0
-    return time.monotonic() - start
-
-
 def test_a_client_quota_set_at_runtime_holds_that_client_alone(tmp_path):
     """kafka-configs --alter --entity-type clients --entity-name slowpoke --add-config
     producer_byte_rate=...: that client is slowed at once, others are not; the quota is
@@ -114,10 +103,10 @@ def test_a_client_quota_set_at_runtime_holds_that_client_alone(tmp_path):
         assert (bad.error_code, bad.error_message) == (
             42, "Configuration producer_byte_rate must be a Long value")
         throttles = []
-        took = _produce_as(b.bootstrap, "q-runtime", "slowpoke", throttles)
+        took = produce(b.bootstrap, "q-runtime", throttles, "slowpoke")
         assert took >= (TOTAL - RATE) / RATE * 0.8, took
         assert any(t > 0 for t in throttles)
-        assert _produce_as(b.bootstrap, "q-runtime", "speedy", []) < 3.0
+        assert produce(b.bootstrap, "q-runtime", [], "speedy") < 3.0
         b.stop()
         b.restart()
         assert _describe_quotas(b.kafka_port, "client-id", "slowpoke") == {
@@ -125,6 +114,6 @@ def test_a_client_quota_set_at_runtime_holds_that_client_alone(tmp_path):
         assert _alter_quota(b.kafka_port, entity, "producer_byte_rate", 0,
                             remove=True).error_code == 0
         assert _describe_quotas(b.kafka_port, "client-id", "slowpoke") == {}
-        assert _produce_as(b.bootstrap, "q-runtime", "slowpoke", []) < 3.0
+        assert produce(b.bootstrap, "q-runtime", [], "slowpoke") < 3.0
     finally:
         b.stop()
