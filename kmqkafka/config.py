@@ -147,7 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("kafka_sasl_oauthbearer_jwks_url", "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL",
             "kafka-sasl-oauthbearer-jwks-url", "kafka", "sasl_oauthbearer_jwks_url", "jwks", "",
             "where OAUTHBEARER tokens' signing keys are published (a JWKS, file:// or "
-            "http(s)://; Kafka's sasl.oauthbearer.jwks.endpoint.url); needed for OAUTHBEARER"),
+            "http(s)://; Kafka's sasl.oauthbearer.jwks.endpoint.url); without one OAUTHBEARER "
+            "takes unsigned tokens, as Kafka's default unsecured validator (development only)"),
     Setting("kafka_sasl_oauthbearer_jwks_refresh_ms",
             "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_REFRESH_MS",
             "kafka-sasl-oauthbearer-jwks-refresh-ms", "kafka", "sasl_oauthbearer_jwks_refresh_ms",
@@ -677,10 +678,6 @@ def load_settings(
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['kafka_sasl_mechanisms'])}: a cluster's nodes "
             f"relay requests to the leader by PLAIN or SCRAM; enable one of them too")
-    if "OAUTHBEARER" in mechanisms and not values["kafka_sasl_oauthbearer_jwks_url"]:
-        raise ConfigError(
-            f"invalid setting {_name(_BY_ATTR['kafka_sasl_oauthbearer_jwks_url'])}: "
-            f"OAUTHBEARER is enabled but no JWKS says which keys sign the tokens")
     if values["raft_election_ticks"] < 2:
         raise ConfigError(
             f"invalid setting {_name(_BY_ATTR['raft_election_ticks'])}: must be at least 2"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
+from twisted.logger import Logger
 from twisted.python import usage
 
 from kmqkafka.config import ConfigError, Settings, load_settings, option_parameters
@@ -56,6 +57,8 @@ class Options(usage.Options):
             sys.stderr.flush()
             raise SystemExit(2) from None
 
+
+log = Logger()
 
 HANDLER_AREAS = (
     acl, api_versions, metadata, produce, fetch, positions, producers, admin, configs, cluster, groups,
@@ -166,6 +169,11 @@ def oauth_settings(settings: Settings, reactor: Any) -> OAuthSettings | None:
     refresh interval while the reactor runs."""
     if not (settings.kafka_enable and "OAUTHBEARER" in settings.kafka_sasl_mechanisms):
         return None
+    if not settings.kafka_sasl_oauthbearer_jwks_url:
+        log.warn("OAUTHBEARER has no JWKS (CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL): it "
+                 "accepts unsigned tokens, as Kafka's default unsecured validator does; any "
+                 "client can claim any principal. For development only.")
+        return OAuthSettings(None)
     jwks = Jwks(settings.kafka_sasl_oauthbearer_jwks_url)
     if jwks.url.startswith("file://"):
         try:

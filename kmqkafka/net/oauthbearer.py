@@ -12,6 +12,12 @@ signature must verify with the key the token's ``kid`` names (an asymmetric algo
 never ``none`` or a shared secret), ``exp`` and ``sub`` are required, ``exp``/``nbf``/``iat``
 are checked with 30 s of clock skew, and the audience and issuer when configured.
 
+``validate_unsecured`` is Kafka's default when no key set is configured
+(OAuthBearerUnsecuredValidatorCallbackHandler, for development only): an unsigned JWS
+(``alg`` ``none``, an empty signature), whose ``sub`` names the principal and whose ``exp``
+has not passed (and ``iat``, when present, is not in the future nor after ``exp``), with no
+clock skew. Anyone who can reach the listener can then claim any principal.
+
 The client's first message is the GS2 header and ``auth=Bearer <token>`` between ``\\x01``
 separators; a good token is answered with empty bytes, a bad one fails the exchange at once
 with SASL_AUTHENTICATION_FAILED and a message saying what was wrong (Kafka first sends an RFC
@@ -19,6 +25,8 @@ with SASL_AUTHENTICATION_FAILED and a message saying what was wrong (Kafka first
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Any
 
@@ -26,7 +34,7 @@ import jwt
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-__all__ = ["InvalidToken", "Jwks", "bearer_token", "validate"]
+__all__ = ["InvalidToken", "Jwks", "bearer_token", "validate", "validate_unsecured"]
 
 log = Logger()
 
@@ -151,3 +159,51 @@ def validate(token: str, jwks: Jwks, audience: tuple[str, ...],
     if not isinstance(subject, str) or not subject:
         raise InvalidToken("token refused: the sub claim is empty")
     return subject, float(claims["exp"])
+
+
+def _unsecured_part(part: str, what: str) -> dict[str, Any]:
+    try:
+        decoded = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    except (ValueError, binascii.Error):
+        raise InvalidToken(f"malformed Base64 URL encoded value in the {what}") from None
+    try:
+        value = json.loads(decoded)
+    except ValueError:
+        raise InvalidToken(f"malformed JSON in the {what}") from None
+    if not isinstance(value, dict):
+        raise InvalidToken(f"malformed JSON in the {what}")
+    return value
+
+
+def validate_unsecured(token: str, now_s: float) -> tuple[str, float]:
+    """The subject and expiry (epoch seconds) of an unsecured JWS, checked as Kafka's
+    unsecured validator checks it; else ``InvalidToken``."""
+    if ".." in token:
+        raise InvalidToken("Malformed compact serialization contains '..'")
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise InvalidToken("Unsecured JWS compact serializations must have 3 dot-separated "
+                           "Base64URL-encoded values")
+    header = _unsecured_part(parts[0], "header")
+    claims = _unsecured_part(parts[1], "claims")
+    if header.get("alg") != "none":
+        raise InvalidToken("Unsecured JWS must have 'none' for an algorithm")
+    if parts[2]:
+        raise InvalidToken("Unsecured JWS must not contain a digital signature")
+    expires, issued, subject = claims.get("exp"), claims.get("iat"), claims.get("sub")
+    if not isinstance(expires, (int, float)) or isinstance(expires, bool):
+        raise InvalidToken("No expiration time in JWT")
+    if not isinstance(subject, str) or not subject.strip():
+        raise InvalidToken("No principal name in JWT claim: sub")
+    if issued is not None:
+        if not isinstance(issued, (int, float)) or isinstance(issued, bool):
+            raise InvalidToken("The 'iat' claim was not of type Number")
+        if issued > now_s:
+            raise InvalidToken(f"The Issued At value ({issued}) is in the future")
+        if expires <= issued:
+            raise InvalidToken(f"The Expiration Time time ({expires}) is not after the "
+                               f"Issued At time ({issued})")
+    if now_s >= expires:
+        raise InvalidToken(f"The indicated time ({now_s}) is on or after the Expiration Time "
+                           f"value ({expires})")
+    return subject, float(expires)

@@ -30,7 +30,9 @@ from twisted.logger import Logger
 
 from kmqkafka.kafka.context import ANONYMOUS
 from kmqkafka.kafka.scram_credentials import CODES
-from kmqkafka.net.oauthbearer import InvalidToken, Jwks, bearer_token, validate
+from kmqkafka.net.oauthbearer import (
+    InvalidToken, Jwks, bearer_token, validate, validate_unsecured,
+)
 
 __all__ = ["AuthenticationFailed", "IllegalSaslState", "SaslSession", "SaslUsers", "client_steps"]
 
@@ -56,10 +58,11 @@ def _failed_message(mechanism: str) -> str:
 
 @dataclass(frozen=True)
 class OAuthSettings:
-    """How OAUTHBEARER tokens are checked: the signing keys, and the audiences (any one) and
-    issuer a token must name (empty: not checked)."""
+    """How OAUTHBEARER tokens are checked: the signing keys (None: Kafka's unsecured
+    validator, unsigned tokens), and the audiences (any one) and issuer a token must name
+    (empty: not checked)."""
 
-    jwks: Jwks
+    jwks: Jwks | None
     audience: tuple[str, ...] = ()
     issuer: str = ""
 
@@ -219,8 +222,11 @@ class SaslSession:
         oauth = self._users.oauth
         assert oauth is not None
         try:
-            subject, expires = validate(bearer_token(message), oauth.jwks, oauth.audience,
-                                        oauth.issuer)
+            token = bearer_token(message)
+            if oauth.jwks is None:
+                subject, expires = validate_unsecured(token, self._users.clock.seconds())
+            else:
+                subject, expires = validate(token, oauth.jwks, oauth.audience, oauth.issuer)
         except InvalidToken as e:
             raise AuthenticationFailed(f"Authentication failed: {e}") from None
         self._token_expires_at = expires

@@ -198,3 +198,44 @@ def test_librdkafka_fetches_its_token_from_an_oidc_endpoint(oauth_broker):
         assert asked[0]["client"] == "orders-svc:s3cret"
     finally:
         server.shutdown()
+
+
+def test_without_a_jwks_unsigned_tokens_are_taken_as_kafkas_default_validator_takes_them(
+        tmp_path):
+    """Kafka's OAUTHBEARER with no validator configured is its unsecured one: librdkafka's
+    own unsecured JWT (``enable.sasl.oauthbearer.unsecure.jwt``) and kafka-python's provider
+    of one authenticate; an expired or signed token does not."""
+    import base64
+
+    def unsigned(claims: dict) -> str:
+        def part(d: dict) -> str:
+            return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+        return f"{part({'alg': 'none'})}.{part(claims)}."
+
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
+                                    "CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0"})
+    try:
+        assert "accepts unsigned tokens" in b.log()
+        librdkafka = {"bootstrap.servers": f"{HOST}:{b.kafka_port}",
+                      "security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "OAUTHBEARER",
+                      "enable.sasl.oauthbearer.unsecure.jwt": True,
+                      "sasl.oauthbearer.config": "principal=alice lifeSeconds=600"}
+        assert round_trip(librdkafka, "unsecured-t", 5) == [b"v%d" % i for i in range(5)]
+
+        from kafka.net.sasl.oauth import AbstractTokenProvider
+
+        class Provider(AbstractTokenProvider):
+            def token(self):
+                return unsigned({"sub": "kp-client", "exp": int(time.time()) + 600})
+
+        common = dict(bootstrap_servers=f"{HOST}:{b.kafka_port}",
+                      security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                      sasl_oauth_token_provider=Provider())
+        assert kafka_python_round_trip(common, "unsecured-kp", 3) == [b"v0", b"v1", b"v2"]
+        expired = unsigned({"sub": "x", "exp": int(time.time()) - 60})
+        for bad, why in [(expired, "Expiration Time"), (token(KEY), "'none'")]:
+            errors = auth_errors(settings(b.kafka_port, bad))
+            assert errors and errors[0].code() == KafkaError._AUTHENTICATION, errors
+            assert why in errors[0].str(), errors[0].str()
+    finally:
+        b.stop()

@@ -55,3 +55,36 @@ def test_a_key_set_without_usable_keys_is_refused_and_an_empty_one_refuses_token
         Jwks("file:///x").set(b"not json")
     with pytest.raises(InvalidToken, match="not been fetched"):
         Jwks("https://idp.test/jwks").key_for("k1")
+
+
+def _unsecured(claims: dict, header: dict | None = None, signature: str = "") -> str:
+    import base64
+
+    def part(d: dict) -> str:
+        return base64.urlsafe_b64encode(json.dumps(d).encode()).rstrip(b"=").decode()
+
+    return f"{part(header or {'alg': 'none'})}.{part(claims)}.{signature}"
+
+
+def test_unsecured_tokens_are_checked_as_kafkas_default_validator_checks_them():
+    from kmqkafka.net.oauthbearer import validate_unsecured
+
+    now = 1_000_000.0
+    good = _unsecured({"sub": "alice", "iat": now - 10, "exp": now + 60})
+    assert validate_unsecured(good, now) == ("alice", now + 60)
+    assert validate_unsecured(_unsecured({"sub": "bob", "exp": now + 1}), now)[0] == "bob"
+    for token, why in [
+        (_unsecured({"sub": "a", "exp": now}), "on or after the Expiration Time"),
+        (_unsecured({"sub": "a"}), "No expiration time"),
+        (_unsecured({"exp": now + 60}), "No principal name"),
+        (_unsecured({"sub": "a", "exp": now + 60}, {"alg": "RS256"}), "'none'"),
+        (_unsecured({"sub": "a", "exp": now + 60}, signature="c2ln"), "digital signature"),
+        (_unsecured({"sub": "a", "iat": now + 5, "exp": now + 60}), "in the future"),
+        (_unsecured({"sub": "a", "iat": now - 5, "exp": now - 10}), "Expiration Time"),
+        ("a.b", "3 dot-separated"),
+        ("a..b", "'..'"),
+        ("!!!.e30.", "malformed"),
+    ]:
+        with pytest.raises(InvalidToken) as info:
+            validate_unsecured(token, now)
+        assert why in str(info.value), (token, str(info.value))

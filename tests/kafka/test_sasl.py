@@ -198,8 +198,6 @@ def test_bad_sasl_settings_stop_start_up_with_one_line(tmp_path):
         ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "PLAIN"}, "CONNECTORS_KAFKA_SASL_USERS"),
         ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "PLAIN",
           "CONNECTORS_KAFKA_SASL_USERS": "alice"}, "CONNECTORS_KAFKA_SASL_USERS"),
-        ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER"},
-         "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL"),
         ({"CONNECTORS_KAFKA_SASL_MECHANISMS": "OAUTHBEARER",
           "CONNECTORS_KAFKA_SASL_OAUTHBEARER_JWKS_URL": f"file://{tmp_path}/missing.json"},
          "missing.json"),
