@@ -238,3 +238,45 @@ def test_a_mixed_group_keeps_its_members_across_a_restart(tmp_path: Path) -> Non
         c.close()
     finally:
         b.stop()
+
+
+def test_an_aiokafka_classic_member_shares_a_group_with_a_kip848_member(
+        kmq: BrokerProcess) -> None:
+    aiokafka = pytest.importorskip("aiokafka")
+    import asyncio
+
+    values = topic_with_records(kmq, "mig-aio", "a")
+
+    async def scenario() -> None:
+        aio = aiokafka.AIOKafkaConsumer(
+            "mig-aio", bootstrap_servers=kmq.bootstrap, group_id="g-aio",
+            auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=300)
+        await aio.start()
+        read: list[bytes] = []
+
+        async def spin(until: Any, others: list[Member], timeout: float = 40.0) -> None:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                for m in others:
+                    m.poll()
+                batches = await aio.getmany(timeout_ms=50)
+                read.extend(r.value for rs in batches.values() for r in rs)
+                if until():
+                    return
+            raise AssertionError(f"not reached: {aio.assignment()}")
+
+        def owned() -> set[int]:
+            return {tp.partition for tp in aio.assignment()}
+
+        try:
+            await spin(lambda: owned() == set(range(PARTITIONS)), [])
+            b = Member(kmq, "g-aio", "mig-aio", "consumer")
+            await spin(lambda: owned() and b.partitions() and not owned() & b.partitions()
+                       and len(owned() | b.partitions()) == PARTITIONS, [b])
+            await spin(lambda: values <= set(read) | set(b.read), [b])
+            b.close()
+            await spin(lambda: owned() == set(range(PARTITIONS)), [])
+        finally:
+            await aio.stop()
+
+    asyncio.run(scenario())
