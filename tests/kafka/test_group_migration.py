@@ -1,8 +1,8 @@
 """Online migration between classic and KIP-848 groups with real clients (Kafka 4's default
 ``group.consumer.migration.policy=bidirectional``): a rolling upgrade of librdkafka consumers
 from ``group.protocol=classic`` to ``consumer`` and back, with classic members of every kind
-(eager and cooperative librdkafka, kafka-python) sharing one group with KIP-848 members.
-Every wait is bounded.
+(eager and cooperative librdkafka, kafka-python, aiokafka) sharing one group with KIP-848
+members. Every wait is bounded.
 """
 from __future__ import annotations
 
