@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from kio.schema.errors import ErrorCode
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -549,6 +549,7 @@ class TopicCatalog:
         self._check_collision(name)
         self._check_budget(partitions)
         explicit = {k: v for k, v in (configs or {}).items() if v is not None}
+        seen = self._defaults_state()
         defaults = self.dynamic_defaults()
         log_changes = _all_log_changes(explicit, defaults)
         topic = Topic(name, uuid.uuid4(), partitions, explicit, defaults)
@@ -564,6 +565,7 @@ class TopicCatalog:
         d = self._reserving(partitions, c.Batch(tuple(cmds)))
         d.addErrback(_conflict_as, KafkaError(ErrorCode.topic_already_exists,
                                               f"Topic '{name}' already exists."))
+        d.addCallback(lambda _r: self._follow_defaults(seen, [name]))
         return d.addCallback(lambda _r: topic)
 
     def ensure_offsets_topic(self) -> Deferred | None:
@@ -657,12 +659,14 @@ class TopicCatalog:
         grown = Topic(topic.name, topic.topic_id, count, topic.configs, topic.defaults)
         if validate_only:
             return _done(grown)
+        seen = self._defaults_state()
         log_changes = _all_log_changes(topic.configs, topic.defaults)
         cmds: list[c.Command] = [
             c.CreateChannel(channel_for(name, p), "events", log_changes, exist_ok=True)
             for p in range(topic.partitions, count)]
         cmds.append(self._put(grown, expect=self._raw(name)))  # last, as in ``create``
         d = self._reserving(count - topic.partitions, c.Batch(tuple(cmds)))
+        d.addCallback(lambda _r: self._follow_defaults(seen, [name]))
         return d.addCallback(lambda _r: self._notify(self._grown_listeners, grown,
                                                    "partitions-added"))
 
@@ -683,6 +687,7 @@ class TopicCatalog:
                 else:
                     merged[k] = v
         validate_configs(configs)
+        seen = self._defaults_state()
         log_changes = _all_log_changes(merged, topic.defaults)
         updated = Topic(topic.name, topic.topic_id, topic.partitions, merged, topic.defaults)
         if validate_only:
@@ -690,6 +695,7 @@ class TopicCatalog:
         cmds: list[c.Command] = [self._put(updated, expect=self._raw(name))]
         cmds += [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
         d = self._store.propose(c.Batch(tuple(cmds)))
+        d.addCallback(lambda _r: self._follow_defaults(seen, [name]))
         return d.addCallback(lambda _r: updated)
 
     def set_cluster_defaults(self, changes: Mapping[str, str | None], *, replace: bool,
@@ -725,7 +731,42 @@ class TopicCatalog:
         for topic, log_changes in per_topic:
             cmds += [c.SetChannelConfig(ch, log_changes) for ch in topic.channels()]
         d = self._store.propose(c.Batch(tuple(cmds)))
+        known = {topic.name for topic, _changes in per_topic}
+        # Topics created meanwhile were given the defaults as they were: give them these.
+        d.addCallback(lambda _r: self._refresh([n for n in self.names() if n not in known]))
         return d.addCallback(lambda _r: merged)
+
+    def _defaults_state(self) -> tuple[bytes | None, bytes | None]:
+        return (self._store.keyed_get(CONFIG_FAMILY, _CLUSTER_DEFAULTS_KEY),
+                self._store.keyed_get(CONFIG_FAMILY, self._broker_key))
+
+    def _follow_defaults(self, seen: tuple[bytes | None, bytes | None],
+                         names: list[str]) -> Deferred:
+        """A change proposed under the dynamic defaults ``seen`` may have been applied after
+        the defaults changed (another request): then its topics' channels get their log
+        config under the defaults in force now. Nothing when they stayed the same."""
+        if self._defaults_state() == seen:
+            return succeed(None)
+        return self._refresh(names)
+
+    def _refresh(self, names: list[str]) -> Deferred:
+        """Give the named topics' channels their log config under today's defaults (one
+        replicated command). A topic the defaults no longer fit is left as it is, and logged."""
+        cmds: list[c.Command] = []
+        for name in names:
+            topic = self.get(name)
+            if topic is None:
+                continue
+            try:
+                changes = _all_log_changes(dict(topic.configs), topic.defaults)
+            except KafkaError as exc:
+                _log.warn("topic {topic} keeps its log config: {why}", topic=name,
+                          why=exc.message)
+                continue
+            cmds += [c.SetChannelConfig(ch, changes) for ch in topic.channels()]
+        if not cmds:
+            return succeed(None)
+        return self._store.propose(c.Batch(tuple(cmds)))
 
     def delete(self, name: str) -> Deferred:
         """Delete a topic. ``KeyConflict`` if it changed meanwhile: run it under ``retrying``."""
