@@ -15,9 +15,8 @@ catalog (``TopicCatalog.set_cluster_defaults``), they apply at once to every top
 not override them. On a cluster every node holds every partition, so a per-broker value could
 not differ from the rest: there only the cluster-wide default can be changed. Any other broker
 config answers INVALID_REQUEST (set those in the environment, options or the TOML file).
-Group resources (Kafka 4's per-group session timeout
-and heartbeat interval) are described and altered through ``kafka.group_configs``. Other
-resource types are INVALID_REQUEST.
+Group resources (Kafka 4's per-group session timeout and heartbeat interval) are described
+and altered through ``kafka.group_configs``. Other resource types are INVALID_REQUEST.
 
 With ACLs on (``kafka.authz``) each resource is authorized as Kafka 4 does: describing needs
 DESCRIBE_CONFIGS and altering ALTER_CONFIGS, on the topic (else TOPIC_AUTHORIZATION_FAILED), on
@@ -106,8 +105,8 @@ _BROKER_SYNONYM: dict[str, str] = {
     "local.retention.bytes": "log.local.retention.bytes",
     "local.retention.ms": "log.local.retention.ms",
 }
-# The broker configs that may change at runtime (as cluster-wide defaults), and the topic
-# config each is the default of (Kafka's DynamicLogConfig: the first synonym of each).
+# The broker configs that may change at runtime (dynamic defaults, per broker or cluster-wide),
+# and the topic config each is the default of (Kafka's DynamicLogConfig: the first synonym).
 _DYNAMIC_DEFAULTS = {broker: topic for topic, broker in _BROKER_SYNONYM.items()}
 # Kafka's broker defaults for these are set in hours (the *.ms synonyms default to null,
 # and Kafka lists only synonyms that have a value).
