@@ -30,7 +30,8 @@ def _until(check, seconds: float = 10.0) -> bool:
 
 
 def test_the_offsets_topic_appears_once_a_group_looks_for_its_coordinator(tmp_path) -> None:
-    b = start_broker(tmp_path)
+    # No initial rebalance delay: two groups join here, and the delay is not what it tests.
+    b = start_broker(tmp_path, env={"CONNECTORS_KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0"})
     try:
         topic = f"t-{uuid.uuid4().hex[:8]}"
         p = Producer({"bootstrap.servers": b.bootstrap})
@@ -59,7 +60,7 @@ def test_the_offsets_topic_appears_once_a_group_looks_for_its_coordinator(tmp_pa
         # A pattern subscriber that does not exclude it is assigned it and reads it cleanly.
         k = KafkaConsumer(bootstrap_servers=b.bootstrap, group_id="g2",
                           exclude_internal_topics=False, auto_offset_reset="earliest",
-                          consumer_timeout_ms=8000)
+                          consumer_timeout_ms=4000)
         k.subscribe(pattern="^.*$")
         got = [(m.topic, m.value) for m in k]
         assert OFFSETS in k.subscription() and got == [(topic, b"v")]
