@@ -73,7 +73,7 @@ class ClassicMembers:
         if not req.member_id and not req.group_instance_id and req.require_known_member_id:
             return succeed(JoinResult(ErrorCode.member_id_required, self._new_id()))
         try:
-            member = self._classic_member_for_join(group, req)
+            member, replaced_kip848 = self._classic_member_for_join(group, req)
         except Reject as r:
             return succeed(JoinResult(r.code, req.member_id))
         topics = tuple(sorted(set(sub.topics)))
@@ -86,6 +86,11 @@ class ClassicMembers:
         group.members.setdefault(member.member_id, member)
         if member.instance_id:
             group.static_members[member.instance_id] = member.member_id
+        if replaced_kip848 and self._maybe_downgrade(group):
+            # A static member rolled back to the classic protocol took the place of the last
+            # KIP-848 member: the group is classic again (Kafka's
+            # validateOnlineDowngradeWithReplacedMember), and its coordinator takes the join.
+            return self._persist(group).addCallback(lambda _: self.classic.join(req))
         bump |= self._refresh_metadata(group)
         if bump:
             group.epoch += 1
@@ -116,23 +121,24 @@ class ClassicMembers:
                 names &= {n for n, _ in m.classic.protocols}
         return bool(names)
 
-    def _classic_member_for_join(self, group: Any, req: JoinRequest) -> Any:
+    def _classic_member_for_join(self, group: Any, req: JoinRequest) -> tuple[Any, bool]:
+        """The joining member, and whether it took a KIP-848 static member's place."""
         if req.group_instance_id:
             owner_id = group.static_members.get(req.group_instance_id)
             owner = group.members.get(owner_id) if owner_id else None
             if not req.member_id:
                 if owner is None:
-                    return self._new_member(group, "", req.group_instance_id)
-                return self._replace_static(group, owner, "")
+                    return self._new_member(group, "", req.group_instance_id), False
+                return self._replace_static(group, owner, ""), owner.classic is None
             if owner is None:
                 raise Reject(ErrorCode.unknown_member_id)
             if owner.member_id != req.member_id:
                 raise Reject(ErrorCode.fenced_instance_id)
-            return owner
+            return owner, False
         member = group.members.get(req.member_id) if req.member_id else None
         if member is None:
             member = self._new_member(group, req.member_id, None)
-        return member
+        return member, False
 
     # --- SyncGroup and Heartbeat --------------------------------------------------------
 
@@ -219,6 +225,8 @@ class ClassicMembers:
     _touch: Any
     _persist: Any
     _expire: Any
+    _maybe_downgrade: Any
+    classic: Any
     topic_id: Any
     topic_name: Any
 

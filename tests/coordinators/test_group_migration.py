@@ -338,3 +338,29 @@ def test_random_mixed_membership_never_gives_a_partition_to_two_members(seed: in
     owned = [c.partitions() for c in live]
     assert set().union(*owned) == all_partitions(h, "t")
     assert sum(map(len, owned)) == 6
+
+
+def test_a_static_member_rolled_back_to_classic_in_place_of_the_last_kip848_one_downgrades() -> None:
+    """Kafka's validateOnlineDowngradeWithReplacedMember: the KIP-848 static member ``i`` comes
+    back as a classic member (JoinGroup, same instance id, no member id); the group turns
+    classic and its coordinator takes the join."""
+    h = Harness()
+    a = classic_group(h)
+    s = h.client("s", instance="i")
+    s.heartbeat()
+    settle(h, [a, s], random.Random(5))
+    assert h.c.owns("g")
+    back = ClassicClient(h, instance="i")
+    pending = h.classic.join(JoinRequest(
+        "g", "", "i", "consumer", (("range", subscription(("t",), {})),),
+        CLASSIC_SESSION_MS, REBALANCE_MS))
+    assert not h.c.owns("g") and "g" in h.classic.groups
+    assert h.classic.groups["g"].state is GroupState.PREPARING_REBALANCE
+    assert a.heartbeat() is E.rebalance_in_progress
+    joined = a.join()  # the last member to rejoin completes the classic rebalance
+    assert joined.error is E.none
+    r = result(pending)
+    assert r.error is E.none and r.generation_id == joined.generation_id
+    back.member_id, back.generation = r.member_id, r.generation_id
+    leader = a if joined.leader == a.member_id else back
+    assert leader.member_id == joined.leader
