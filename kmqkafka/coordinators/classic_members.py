@@ -204,8 +204,7 @@ class ClassicMembers:
         """Whether a partition of the member's target is still held by another member."""
         wanted = {(t, p) for t, ps in group.target.get(member.member_id, {}).items() for p in ps}
         wanted -= {(t, p) for t, ps in member.assigned.items() for p in ps}
-        return any(wanted & other.holds() for other in group.members.values()
-                   if other is not member)
+        return bool(wanted & group.held_by_others(member))
 
     def _arm(self, group: Any, member: Any, name: str, why: str) -> None:
         """Start the member's join or sync timer unless it runs already; expiry fences it."""

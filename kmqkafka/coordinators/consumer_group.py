@@ -171,6 +171,14 @@ class ConsumerGroup:
     # Records of a downgrade to a classic group, written by the next ``_persist``.
     handed_over: list[tuple[bytes, bytes | None]] = field(default_factory=list)
 
+    def held_by_others(self, member: ConsumerMember) -> set[tuple[str, int]]:
+        """Partitions another member still holds (assigned or being revoked)."""
+        held: set[tuple[str, int]] = set()
+        for other in self.members.values():
+            if other is not member:
+                held |= other.holds()
+        return held
+
     def state(self) -> str:
         """Kafka's ConsumerGroupState name: Empty, Assigning, Reconciling or Stable."""
         if not self.members:
@@ -483,10 +491,8 @@ class ConsumerGroupCoordinator(ClassicMembers):
         return str(topic.topic_id) if topic is not None else None
 
     def topic_name(self, topic_id: str) -> str | None:
-        for topic in self.topics.all():
-            if str(topic.topic_id) == topic_id:
-                return topic.name
-        return None
+        topic = self.topics.by_id(uuid.UUID(topic_id))
+        return topic.name if topic is not None else None
 
     def _group_count(self) -> int:
         classic = len(self.classic.groups) if self.classic is not None else 0
@@ -731,11 +737,7 @@ class ConsumerGroupCoordinator(ClassicMembers):
             member.state = UNREVOKED
             self._start_revocation_timer(group, member)
             return
-        held = set()
-        for other in group.members.values():
-            if other is not member:
-                held |= other.holds()
-        free = wanted - held
+        free = wanted - group.held_by_others(member)
         member.assigned = _from_pairs(keep | free)
         if member.epoch != group.assignment_epoch:
             member.previous_epoch, member.epoch = member.epoch, group.assignment_epoch

@@ -407,7 +407,7 @@ class TopicCatalog:
         per-broker dynamic defaults apply here."""
         self._store = store
         self.node_id = node_id
-        self._broker_key = _CLUSTER_DEFAULTS_KEY + b":" + str(node_id).encode()
+        self._broker_key = _defaults_key(node_id)
         self.max_partitions = max_partitions
         self._reserved = 0  # partitions of creates and growths proposed but not yet answered
         self._cache: dict[str, tuple[bytes, bytes | None, Topic]] = {}
@@ -469,8 +469,7 @@ class TopicCatalog:
     def cluster_defaults(self, broker_id: int | None = None) -> dict[str, str]:
         """The dynamic defaults of topic configs set cluster-wide, or for broker
         ``broker_id`` alone, by topic config name."""
-        key = _CLUSTER_DEFAULTS_KEY if broker_id is None else (
-            _CLUSTER_DEFAULTS_KEY + b":" + str(broker_id).encode())
+        key = _defaults_key(broker_id)
         raw = self._store.keyed_get(CONFIG_FAMILY, key)
         return json.loads(raw) if raw else {}
 
@@ -706,8 +705,7 @@ class TopicCatalog:
         unspecified ones go). In the same replicated batch every topic's channels get their
         log config anew, so topics without an override follow at once. Fires with the new
         defaults. ``KeyConflict`` if they changed meanwhile: run it under ``retrying``."""
-        key = _CLUSTER_DEFAULTS_KEY if broker_id is None else (
-            _CLUSTER_DEFAULTS_KEY + b":" + str(broker_id).encode())
+        key = _defaults_key(broker_id)
         raw = self._store.keyed_get(CONFIG_FAMILY, key)
         merged = {} if replace else (json.loads(raw) if raw else {})
         for name, value in changes.items():
@@ -804,6 +802,12 @@ def _conflict_as(failure: Any, error: KafkaError) -> Any:
 def _encode(topic: Topic) -> bytes:
     return json.dumps({"id": str(topic.topic_id), "partitions": topic.partitions,
                        "configs": dict(topic.configs)}, sort_keys=True).encode()
+
+
+def _defaults_key(broker_id: int | None) -> bytes:
+    """The key of the dynamic defaults set cluster-wide (None) or for one broker."""
+    return _CLUSTER_DEFAULTS_KEY if broker_id is None else (
+        _CLUSTER_DEFAULTS_KEY + b":" + str(broker_id).encode())
 
 
 def _decode(name: str, raw: bytes, defaults: Mapping[str, str] | None = None) -> Topic:

@@ -36,7 +36,7 @@ class FakeTopic:
 
 
 class FakeTopics:
-    """The two TopicCatalog calls the coordinator makes: ``get(name)`` and ``all()``."""
+    """The TopicCatalog calls the coordinator makes: ``get(name)``, ``by_id`` and ``all()``."""
 
     def __init__(self, **counts: int) -> None:
         self.topics: dict[str, FakeTopic] = {}
@@ -50,6 +50,9 @@ class FakeTopics:
 
     def get(self, name: str) -> FakeTopic | None:
         return self.topics.get(name)
+
+    def by_id(self, topic_id: uuid.UUID) -> FakeTopic | None:
+        return next((t for t in self.topics.values() if t.topic_id == topic_id), None)
 
     def all(self) -> list[FakeTopic]:
         return sorted(self.topics.values(), key=lambda t: t.name)
