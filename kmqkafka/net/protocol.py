@@ -17,8 +17,11 @@ undecodable or over-long body) are logged once and close only that connection.
 Back-pressure: the connection stops reading (``pauseProducing``) while any of these holds, and
 reads again once none does:
 
-- more than ``MAX_IN_FLIGHT`` requests await their response (until the queue falls to
-  ``RESUME_IN_FLIGHT``);
+- more than ``MAX_IN_FLIGHT`` requests, or requests of more than ``MAX_IN_FLIGHT_BYTES``
+  in all, await their response (until both fall to their half). A Produce waits for a group
+  commit, and librdkafka sends one Produce per partition: with 64 partitions a cap of 64
+  requests (resumed at 16) left the disk idle half the time, so the count is generous and
+  the bytes bound the memory;
 - ``MAX_FETCHES_IN_FLIGHT`` Fetches await theirs: each may hold up to its ``max_bytes`` of
   stored batches, and no client sends a second Fetch to one broker before the first returns;
 - the transport holds more than its ``bufferSize`` of unsent responses: a client that sends
@@ -54,10 +57,10 @@ from kmqkafka.net import fast_bodies, fast_requests, recvinto, shared
 from kmqkafka.net.sendmsg import gather_writes, write_parts
 from kmqkafka.net.tls import certificate_principal
 
-MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT = 1024
+MAX_IN_FLIGHT_BYTES = 32 << 20
 FAILED_AUTHENTICATION_DELAY_S = 0.1  # Kafka's connection.failed.authentication.delay.ms
 SASL_MAX_FRAME_BYTES = 512 << 10  # Kafka's sasl.server.max.receive.size, before authentication
-RESUME_IN_FLIGHT = 16
 MAX_FETCHES_IN_FLIGHT = 2
 _PRODUCE = 0
 _FETCH = 1
@@ -103,11 +106,12 @@ def _tune_socket(transport: Any) -> None:
 class _Slot:
     """One request's place in the connection's response order."""
 
-    __slots__ = ("ctx", "deferred", "done", "result", "started")
+    __slots__ = ("ctx", "deferred", "done", "result", "started", "size")
 
-    def __init__(self, ctx: RequestContext | None, started: float) -> None:
+    def __init__(self, ctx: RequestContext | None, started: float, size: int = 0) -> None:
         self.ctx = ctx
         self.started = started
+        self.size = size  # the request's frame bytes, counted in ``_pending_bytes``
         self.deferred: Deferred[Any] | None = None
         self.done = False
         self.result: Any = None
@@ -123,6 +127,7 @@ class KafkaProtocol(Protocol):
         self._buf = bytearray()
         self._pos = 0
         self._pending: deque[_Slot] = deque()
+        self._pending_bytes = 0  # frame bytes of the requests in ``_pending``
         self._holds: set[str] = set()  # why reading is paused (back-pressure); empty: reading
         self._fetches = 0  # Fetches awaiting their response
         self._waiting: deque[tuple[_Slot, Any]] = deque()  # read, handler not started yet
@@ -355,13 +360,14 @@ class KafkaProtocol(Protocol):
             listener=self.factory.listener,
             sasl=self.sasl,
         )
-        slot = _Slot(ctx, self.factory.reactor.seconds())
+        slot = _Slot(ctx, self.factory.reactor.seconds(), len(frame))
         self._pending.append(slot)
+        self._pending_bytes += slot.size
         if api_key == _FETCH:
             self._fetches += 1
             if self._fetches >= MAX_FETCHES_IN_FLIGHT:
                 self.hold_reading("fetches", True)
-        if len(self._pending) > MAX_IN_FLIGHT:
+        if len(self._pending) > MAX_IN_FLIGHT or self._pending_bytes > MAX_IN_FLIGHT_BYTES:
             self.hold_reading("in_flight", True)
         self._waiting.append((slot, request))
         self._start_waiting()
@@ -456,6 +462,7 @@ class KafkaProtocol(Protocol):
         out: list[Any] = []
         while self._pending and self._pending[0].done:
             slot = self._pending.popleft()
+            self._pending_bytes -= slot.size
             if slot.result is NO_RESPONSE:
                 continue
             if slot.result is CLOSE_CONNECTION:
@@ -484,7 +491,8 @@ class KafkaProtocol(Protocol):
             self.factory.reactor.callLater(FAILED_AUTHENTICATION_DELAY_S,
                                            self.transport.loseConnection)
             return
-        if len(self._pending) <= RESUME_IN_FLIGHT:
+        if (len(self._pending) <= MAX_IN_FLIGHT // 2
+                and self._pending_bytes <= MAX_IN_FLIGHT_BYTES // 2):
             self.hold_reading("in_flight", False)
         if not self._pending:
             self._fire_drained()

@@ -318,6 +318,33 @@ def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
     assert len(responses(transport.value())) == MAX_IN_FLIGHT + 10
 
 
+def test_in_flight_request_bytes_pause_reading_too(monkeypatch) -> None:
+    """Few but large requests (produces) awaiting their answers also pause reading: the
+    count limit is generous so a group commit can take many small ones, and the bytes bound
+    what a connection holds."""
+    from kmqkafka.net import protocol
+
+    frame = api_versions_frame(0, 0)
+    monkeypatch.setattr(protocol, "MAX_IN_FLIGHT_BYTES", 5 * (len(frame) - 4))
+    h = Harness()
+    h.dispatcher._registry.clear()
+    parked: list[Deferred[Any]] = []
+
+    def slow(request: Any, ctx: Any) -> Deferred[Any]:
+        parked.append(Deferred())
+        return parked[-1]
+
+    h.dispatcher.register(18, slow, 0, 4)
+    proto, transport = h.connect()
+    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in range(20)))
+    assert transport.producerState == "paused"
+    assert len(proto._pending) == 6  # read up to just past the byte limit, the rest unread
+    while parked:
+        parked.pop(0).callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
+    assert transport.producerState == "producing"
+    assert len(responses(transport.value())) == 20
+
+
 @pytest.mark.parametrize("wait_only", [True, False])
 def test_connection_lost_cancels_only_waiting_handlers(wait_only: bool) -> None:
     """A wait (parked Fetch, JoinGroup) is cancelled with its connection; any other request
