@@ -42,3 +42,30 @@ def test_a_failed_partition_flush_fails_the_flush_after_every_token_ran() -> Non
         StateMachine.run_flush(tokens)
     assert sum(e.startswith("end p") for e in log) == 3  # none still running
     assert "start checkpoint" not in log  # nothing claims the failed data durable
+
+
+def test_many_partitions_share_the_workers_and_a_failure_stops_none_of_them() -> None:
+    """64 partition tokens run on SYNC_WORKERS workers, each running a share of them; one
+    failing token does not stop the rest of its share, and the flush fails after all ran."""
+    from kmqkafka.store import machine
+
+    log: list[str] = []
+    running = [0, 0]  # now, most at once
+    lock = threading.Lock()
+
+    class Counted(Token):
+        def run(self) -> None:
+            with lock:
+                running[0] += 1
+                running[1] = max(running)
+            try:
+                super().run()
+            finally:
+                with lock:
+                    running[0] -= 1
+
+    tokens = [(f"kafka.t~{p}", object(), Counted(log, f"p{p}", fail=p == 3)) for p in range(64)]
+    with pytest.raises(OSError):
+        StateMachine.run_flush(tokens)
+    assert sum(e.startswith("end p") for e in log) == 64
+    assert 1 < running[1] <= machine.SYNC_WORKERS
