@@ -74,7 +74,6 @@ HOLD_MAX_S = 5.0  # longest a leader holds proposals for a lagging follower at a
 PREPARE_PAUSE_S = 0.02  # between two steps of preparing free Raft log files
 FETCH_BACKOFF_MIN_S = 0.5  # first wait before fetching a snapshot again after a failed download
 FETCH_BACKOFF_MAX_S = 30.0
-_DETACHED = object()  # a written-through Ready the application answers itself (``_pipelines``)
 
 IORunner = Callable[..., Deferred]
 
@@ -409,43 +408,6 @@ class RaftDriver:
         rd = self.node.ready()
         if rd is None:
             return
-        pipelined = self._pipelines(rd)
-        if not pipelined and self._groups_pending():
-            # Earlier appends written through are still being flushed: this Ready waits, so
-            # nothing is applied and answered after its own Raft fsync ahead of them.
-            self._busy = True
-            d = self._app.groups_flushed()
-            d.addCallback(lambda _: self._resume_ready(rd))
-            d.addErrback(self._ready_failed)
-            return
-        self._handle_ready(rd, pipelined)
-
-    def _resume_ready(self, rd: Ready) -> None:
-        if self.failed is not None:
-            self._busy = False
-            return
-        self._handle_ready(rd, False)
-
-    def _groups_pending(self) -> bool:
-        pending = getattr(self._app, "groups_pending", None)
-        return bool(pending is not None and pending())
-
-    def _pipelines(self, rd: Ready) -> bool:
-        """Whether this Ready is written through whole (``_may_write_through``, and every new
-        entry an Append the application stages, committed at once): its Raft log write is
-        then positions in the page cache, and the loop need not wait for the flush that makes
-        its records durable; the application answers them when that flush returns
-        (``detach_staged``) while the next Ready is staged meanwhile."""
-        if (getattr(self._app, "detach_staged", None) is None or rd.messages
-                or not self._may_write_through(rd)):
-            return False
-        entries, committed = rd.entries, rd.committed_entries
-        if len(entries) != len(committed) or entries[0].index != committed[0].index:
-            return False
-        can = self._app.can_stage
-        return all(e.kind is EntryKind.NORMAL and can(e) for e in entries)
-
-    def _handle_ready(self, rd: Ready, pipelined: bool) -> None:
         self._busy = True
         self.ready_count += 1
         if rd.soft_state is not None:
@@ -470,7 +432,7 @@ class RaftDriver:
                 self._transport.send(early)
         staged = self._stage(rd) if self._may_write_through(rd) else 0
         if staged:
-            rd, d = self._write_through(rd, staged, pipelined and staged == len(rd.entries))
+            rd, d = self._write_through(rd, staged)
         elif rd.snapshot is not None or rd.entries or rd.hard_state is not None:
             d = self._run_io(self.storage.save, rd)
         else:
@@ -510,15 +472,11 @@ class RaftDriver:
             self._app.stage(rd.committed_entries[:n])
         return n
 
-    def _write_through(self, rd: Ready, staged: int,
-                       detach: bool = False) -> tuple[Ready, Deferred]:
+    def _write_through(self, rd: Ready, staged: int) -> tuple[Ready, Deferred]:
         """Persist a Ready whose first ``staged`` committed entries are applied already: the
         application's own flush makes them durable, the Raft log gets them elided. Both run
         at once; the Deferred fires when both are done. Returns the Ready as saved (its
-        entries elided) with that Deferred; ``_persisted`` swaps them into the core too.
-
-        With ``detach`` (``_pipelines``) the Deferred is the Raft log's write alone: the
-        application answers the staged entries when its flush returns."""
+        entries elided) with that Deferred; ``_persisted`` swaps them into the core too."""
         last = rd.committed_entries[staged - 1].index
         entries = tuple(
             Entry(e.index, e.term, e.kind, ELIDED)
@@ -527,8 +485,6 @@ class RaftDriver:
         elided = sum(1 for e in entries if e.data is ELIDED)
         self.elided_entries += elided
         flushed = self._app.write_through()
-        if detach:
-            self._app.detach_staged(flushed)
         rd = replace(rd, entries=entries)
         if elided < len(entries):
             saved = self._run_io(self.storage.save, rd)
@@ -541,8 +497,6 @@ class RaftDriver:
                 saved = succeed(None)
             except Exception:
                 saved = fail()
-        if detach:
-            return rd, saved.addCallback(lambda _: _DETACHED)
         done = gatherResults([flushed, saved], consumeErrors=True).addErrback(_first_error)
         return rd, done
 
@@ -568,7 +522,7 @@ class RaftDriver:
             apply(loaded(entry))
         return n
 
-    def _persisted(self, result: object, rd: Ready, staged: int = 0,
+    def _persisted(self, _: object, rd: Ready, staged: int = 0,
                    late: Sequence[Message] | None = None, early_applied: int = 0) -> None:
         if rd.hard_state is not None:
             self._saved_vote = (rd.hard_state.term, rd.hard_state.vote)
@@ -577,7 +531,7 @@ class RaftDriver:
             self._transport.send(messages)
         if rd.snapshot is not None:
             self._app.restore(rd.snapshot)
-        if staged and result is not _DETACHED:
+        if staged:
             self._app.publish()
         for entry in rd.committed_entries[max(staged, early_applied):]:
             self._app.apply(loaded(entry))

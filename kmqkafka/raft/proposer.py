@@ -307,9 +307,7 @@ class RaftProposer:
         self.storage: Any = None
         self._staged: list[tuple[_Pending, Any]] = []  # applied early, answered at publish
         self._staging = False
-        self._write_through_broken = False  # a write-through flush failed: never checkpoint
-        self._groups_out = 0  # detached staged groups whose flush has not returned yet
-        self._groups_idle: list[Deferred] = []
+        self._unpublished = False
         self.staged_entries = 0
         self._write_errors = WriteErrorLog(clock)
         self.lost_elided = 0  # elided entries found past the checkpoint at start (unanswered)
@@ -492,7 +490,7 @@ class RaftProposer:
 
         def rest(_: object) -> Deferred:
             ds = self._transport.stop() if self._transport is not None else succeed(None)
-            if self._write_through_broken:
+            if self._unpublished:
                 # The write-through of staged entries failed: no later flush may checkpoint
                 # them (recovery cuts them off); the last checkpoint stands.
                 return ds
@@ -1028,6 +1026,7 @@ class RaftProposer:
         voter, and a one-member cluster's log compacts to its checkpoint.
         """
         self._staging = True
+        self._unpublished = True
         self.machine.hold_visibility(True)
         try:
             for entry in entries:
@@ -1049,7 +1048,6 @@ class RaftProposer:
         return d.addErrback(self._write_through_failed)
 
     def _write_through_failed(self, failure: Failure) -> Failure:
-        self._write_through_broken = True
         staged, self._staged = self._staged, []
         for p, _outcome in staged:
             self._fail(p, StorageFailure("the store's fsync failed: the write is not durable"))
@@ -1060,62 +1058,12 @@ class RaftProposer:
         Raft log: show them to readers and answer their proposals."""
         self.machine.release_visibility()
         staged, self._staged = self._staged, []
-        self._answer_staged(staged)
-
-    def _answer_staged(self, staged: list[tuple[_Pending, Any]]) -> None:
+        self._unpublished = False
         for p, outcome in staged:
             if isinstance(outcome, StoreError):
                 self._fail(p, outcome)
             else:
                 self._resolve(p, outcome)
-
-    def detach_staged(self, flushed: Deferred) -> None:
-        """Driver hook (a Ready written through whole): the staged entries become a group
-        answered, and shown to readers, when ``flushed`` (``write_through``'s Deferred) fires,
-        while the driver goes on to stage the next Ready during that flush.
-
-        Each group's flush is the group commit's next one after its apply, so groups are
-        answered in log order, and a checkpoint never names an index whose data is not
-        fsynced (``prepare_flush`` reads the applied index with the dirty channels). The
-        crash argument is ``stage``'s, for several unanswered groups at once."""
-        staged, self._staged = self._staged, []
-        held = self.machine.take_held()
-        self._groups_out += 1
-
-        def published(_: object) -> None:
-            self.machine.release_visibility(held)
-            self._answer_staged(staged)
-            self._group_done()
-
-        def failed(_failure: Failure) -> None:
-            # The group commit logged it and stops this node (``_store_failed``).
-            self._write_through_broken = True
-            for p, _outcome in staged:
-                self._fail(p, StorageFailure("the store's fsync failed: the write is not durable"))
-            self._group_done()
-
-        flushed.addCallbacks(published, failed)
-
-    def _group_done(self) -> None:
-        self._groups_out -= 1
-        if self._groups_out == 0:
-            idle, self._groups_idle = self._groups_idle, []
-            for d in idle:
-                d.callback(None)
-
-    def groups_flushed(self) -> Deferred:
-        """Driver hook: fires once every detached group is answered (or failed). A Ready
-        that is not written through whole waits for it: its entries are applied only after
-        their own Raft fsync, and must not be answered ahead of earlier staged appends."""
-        if self._groups_out == 0:
-            return succeed(None)
-        d: Deferred = Deferred()
-        self._groups_idle.append(d)
-        return d
-
-    def groups_pending(self) -> bool:
-        """Driver hook: detached groups still wait for their flush."""
-        return self._groups_out > 0
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -472,17 +472,9 @@ class StateMachine:
         one-member cluster's entries while their Raft append is still being fsynced."""
         self._hold_visible = on
 
-    def take_held(self) -> dict[str, tuple[ChannelLog, int]]:
-        """What was applied under ``hold_visibility`` so far, for a later
-        ``release_visibility(held)``; later holds start afresh."""
+    def release_visibility(self) -> None:
+        """Show readers what was applied under ``hold_visibility``."""
         held, self._held = self._held, {}
-        return held
-
-    def release_visibility(self, held: dict[str, tuple[ChannelLog, int]] | None = None) -> None:
-        """Show readers what was applied under ``hold_visibility`` (or what ``take_held``
-        returned)."""
-        if held is None:
-            held = self.take_held()
         for name, (ch, upto) in held.items():
             if self.channels.get(name) is ch and ch._durable < upto:
                 ch._durable = upto
