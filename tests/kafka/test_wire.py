@@ -296,7 +296,10 @@ def test_handler_exception_becomes_unknown_server_error() -> None:
     assert not transport.disconnecting
 
 
-def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
+def _flood_parked_api_versions(count: int) -> int:
+    """Send ``count`` ApiVersions requests whose handler parks each answer; check that
+    reading paused, answer them all, check that reading resumed and every answer went out.
+    Returns how many requests were read (pending) while reading was paused."""
     h = Harness()
     h.dispatcher._registry.clear()
     parked: list[Deferred[Any]] = []
@@ -307,15 +310,20 @@ def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
 
     h.dispatcher.register(18, slow, 0, 4)
     proto, transport = h.connect()
-    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in range(MAX_IN_FLIGHT + 10)))
+    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in range(count)))
     assert transport.producerState == "paused"
     assert len(parked) == 1  # one at a time
-    assert len(proto._pending) == MAX_IN_FLIGHT + 1  # the rest stays in the buffer unread
+    read = len(proto._pending)
     while parked:
-        d = parked.pop(0)
-        d.callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
+        parked.pop(0).callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
     assert transport.producerState == "producing"
-    assert len(responses(transport.value())) == MAX_IN_FLIGHT + 10
+    assert len(responses(transport.value())) == count
+    return read
+
+
+def test_too_many_in_flight_pauses_reading_and_resumes_when_drained() -> None:
+    # The rest stays in the buffer unread.
+    assert _flood_parked_api_versions(MAX_IN_FLIGHT + 10) == MAX_IN_FLIGHT + 1
 
 
 def test_in_flight_request_bytes_pause_reading_too(monkeypatch) -> None:
@@ -324,25 +332,8 @@ def test_in_flight_request_bytes_pause_reading_too(monkeypatch) -> None:
     what a connection holds."""
     from kmqkafka.net import protocol
 
-    frame = api_versions_frame(0, 0)
-    monkeypatch.setattr(protocol, "MAX_IN_FLIGHT_BYTES", 5 * (len(frame) - 4))
-    h = Harness()
-    h.dispatcher._registry.clear()
-    parked: list[Deferred[Any]] = []
-
-    def slow(request: Any, ctx: Any) -> Deferred[Any]:
-        parked.append(Deferred())
-        return parked[-1]
-
-    h.dispatcher.register(18, slow, 0, 4)
-    proto, transport = h.connect()
-    proto.dataReceived(b"".join(api_versions_frame(0, c) for c in range(20)))
-    assert transport.producerState == "paused"
-    assert len(proto._pending) == 6  # read up to just past the byte limit, the rest unread
-    while parked:
-        parked.pop(0).callback(api_versions.build_response(h.dispatcher, 0, ErrorCode.none))
-    assert transport.producerState == "producing"
-    assert len(responses(transport.value())) == 20
+    monkeypatch.setattr(protocol, "MAX_IN_FLIGHT_BYTES", 5 * (len(api_versions_frame(0, 0)) - 4))
+    assert _flood_parked_api_versions(20) == 6  # up to just past the byte limit
 
 
 @pytest.mark.parametrize("wait_only", [True, False])
