@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
+from contextlib import closing
 from typing import Any, Callable
 
 import pytest
@@ -232,11 +233,15 @@ def test_list_consumer_groups_shows_only_the_groups_the_principal_may_describe(a
     assert {mine, theirs} <= listed("alice")
 
 
+def _admins_group_seen_by_alice(acl_broker, prefix: str) -> tuple[str, Any]:
+    """A new group holding an offset committed by the admin, and alice's admin client."""
+    group = unique(prefix)
+    commit_as_admin(acl_broker, group, (topic_with(acl_broker, 1), 1))
+    return group, admin_client(acl_broker, "alice")
+
+
 def test_describe_consumer_groups_needs_describe_on_the_group(acl_broker):
-    topic = topic_with(acl_broker, 1)
-    group = unique("desc")
-    commit_as_admin(acl_broker, group, (topic, 1))
-    alice = admin_client(acl_broker, "alice")
+    group, alice = _admins_group_seen_by_alice(acl_broker, "desc")
     err = failure(lambda: alice.describe_consumer_groups([group])[group].result(WAIT))
     assert err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
 
@@ -248,10 +253,7 @@ def test_describe_consumer_groups_needs_describe_on_the_group(acl_broker):
 
 
 def test_delete_consumer_groups_needs_delete_on_the_group(acl_broker):
-    topic = topic_with(acl_broker, 1)
-    group = unique("del")
-    commit_as_admin(acl_broker, group, (topic, 1))
-    alice = admin_client(acl_broker, "alice")
+    group, alice = _admins_group_seen_by_alice(acl_broker, "del")
     err = failure(lambda: alice.delete_consumer_groups([group])[group].result(WAIT))
     assert err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
     admin = admin_client(acl_broker)
@@ -399,24 +401,18 @@ def test_a_share_consumer_needs_read_on_its_group(acl_broker):
                 return got
         return []
 
-    c = share_consumer()
-    try:
-        err = failure(lambda: poll(c))
-        assert err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED
-    finally:
-        c.close()
+    def refusal() -> Any:
+        """The error a fresh share consumer's poll fails with."""
+        with closing(share_consumer()) as c:
+            return failure(lambda: poll(c)).code()
 
+    assert refusal() == KafkaError.GROUP_AUTHORIZATION_FAILED
     grant(acl_broker, allow(GROUP, group, ALICE, READ))
-    c = share_consumer()
-    try:  # the group may be read, the topic not: ShareFetch refuses its partitions
-        err = failure(lambda: poll(c))
-        assert err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    finally:
-        c.close()
+    # The group may be read, the topic not: ShareFetch refuses its partitions.
+    assert refusal() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
     grant(acl_broker, allow(TOPIC, topic, ALICE, READ))
-    c = share_consumer()
-    try:
+    with closing(share_consumer()) as c:
         values: list[bytes] = []
         deadline = time.monotonic() + 20
         while len(values) < 3 and time.monotonic() < deadline:
@@ -424,8 +420,6 @@ def test_a_share_consumer_needs_read_on_its_group(acl_broker):
                 assert m.error() is None, m.error()
                 values.append(m.value())
         assert sorted(values) == [b"v0", b"v1", b"v2"]
-    finally:
-        c.close()
 
 
 # --- transactions -----------------------------------------------------------------------

@@ -8,8 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.raft.test_kafka_cluster import Cluster, req
-from tests.rawkafka import RawClient
+from tests.raft.test_kafka_cluster import Cluster, commit_and_fetch
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -50,20 +49,8 @@ def admin(cluster: Cluster, node: int) -> AdminClient:
 
 def commit_as_carol(cluster: Cluster, node: int, group: str, topic: str) -> tuple[int, int]:
     """OffsetCommit then OffsetFetch as carol on ``node``: the two partition error codes."""
-    Oc = req("offset_commit", 7, "OffsetCommitRequest")
-    Oct = req("offset_commit", 7, "OffsetCommitRequestTopic")
-    Ocp = req("offset_commit", 7, "OffsetCommitRequestPartition")
-    Of = req("offset_fetch", 7, "OffsetFetchRequest")
-    Oft = req("offset_fetch", 7, "OffsetFetchRequestTopic")
-    with RawClient(cluster.kafka_ports[node]) as raw:
-        assert raw.authenticate("PLAIN", "carol", "carol-secret").error_code == E.none
-        committed = raw.call(Oc(
-            group_id=group, generation_id_or_member_epoch=-1, member_id="",
-            group_instance_id=None, topics=(Oct(name=topic, partitions=(Ocp(
-                partition_index=0, committed_offset=3, committed_leader_epoch=-1,
-                committed_metadata=""),)),)))
-        fetched = raw.call(Of(group_id=group, topics=(Oft(name=topic, partition_indexes=(0,)),),
-                              require_stable=False))
+    committed, fetched = commit_and_fetch(cluster.kafka_ports[node], "PLAIN", "carol",
+                                          "carol-secret", group, topic, 3)
     return (committed.topics[0].partitions[0].error_code,
             fetched.error_code or fetched.topics[0].partitions[0].error_code)
 

@@ -42,6 +42,27 @@ def req(api: str, version: int, name: str) -> Any:
     return getattr(importlib.import_module(f"kio.schema.{api}.v{version}.request"), name)
 
 
+def commit_and_fetch(port: int, mechanism: str, user: str, password: str, group: str,
+                     topic: str, offset: int) -> tuple[Any, Any]:
+    """As ``user`` (SASL ``mechanism``) on ``port``: OffsetCommit v7 of ``offset`` for
+    partition 0 of ``topic`` in ``group``, then OffsetFetch v7 of it; both responses."""
+    Oc = req("offset_commit", 7, "OffsetCommitRequest")
+    Oct = req("offset_commit", 7, "OffsetCommitRequestTopic")
+    Ocp = req("offset_commit", 7, "OffsetCommitRequestPartition")
+    Of = req("offset_fetch", 7, "OffsetFetchRequest")
+    Oft = req("offset_fetch", 7, "OffsetFetchRequestTopic")
+    with RawClient(port) as raw:
+        assert raw.authenticate(mechanism, user, password).error_code == E.none
+        committed = raw.call(Oc(
+            group_id=group, generation_id_or_member_epoch=-1, member_id="",
+            group_instance_id=None, topics=(Oct(name=topic, partitions=(Ocp(
+                partition_index=0, committed_offset=offset, committed_leader_epoch=-1,
+                committed_metadata=""),)),)))
+        fetched = raw.call(Of(group_id=group, topics=(Oft(name=topic, partition_indexes=(0,)),),
+                              require_stable=False))
+    return committed, fetched
+
+
 def ms(n: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=n)
 

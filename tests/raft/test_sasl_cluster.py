@@ -7,9 +7,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.raft.test_kafka_cluster import Cluster, req
+from tests.raft.test_kafka_cluster import Cluster, commit_and_fetch
 from tests.conftest import round_trip
-from tests.rawkafka import RawClient
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -39,21 +38,10 @@ def test_group_calls_a_follower_relays_authenticate_with_the_leader(cluster: Clu
                          "sasl.password": "carol-secret"})
     admin.create_topics([NewTopic("st", 1)])["st"].result(30)
     follower = cluster.follower()
-    Oc = req("offset_commit", 7, "OffsetCommitRequest")
-    Oct = req("offset_commit", 7, "OffsetCommitRequestTopic")
-    Ocp = req("offset_commit", 7, "OffsetCommitRequestPartition")
-    Of = req("offset_fetch", 7, "OffsetFetchRequest")
-    Oft = req("offset_fetch", 7, "OffsetFetchRequestTopic")
-    with RawClient(cluster.kafka_ports[follower]) as raw:
-        assert raw.authenticate("SCRAM-SHA-256", "carol", "carol-secret").error_code == E.none
-        r = raw.call(Oc(group_id="sg", generation_id_or_member_epoch=-1, member_id="",
-                        group_instance_id=None, topics=(Oct(name="st", partitions=(Ocp(
-                            partition_index=0, committed_offset=7, committed_leader_epoch=-1,
-                            committed_metadata=""),)),)))
-        assert r.topics[0].partitions[0].error_code == E.none
-        r = raw.call(Of(group_id="sg", topics=(Oft(name="st", partition_indexes=(0,)),),
-                        require_stable=False))
-        assert r.topics[0].partitions[0].committed_offset == 7
+    committed, fetched = commit_and_fetch(cluster.kafka_ports[follower], "SCRAM-SHA-256",
+                                          "carol", "carol-secret", "sg", "st", 7)
+    assert committed.topics[0].partitions[0].error_code == E.none
+    assert fetched.topics[0].partitions[0].committed_offset == 7
     leader_log = cluster.brokers[cluster.leader()].log()
     assert "before SASL authentication" not in leader_log
 
