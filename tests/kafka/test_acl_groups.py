@@ -289,29 +289,21 @@ def test_a_kip848_consumer_needs_read_on_its_group(acl_broker):
     topic = topic_with(acl_broker)
     group = unique("kip848")
     grant(acl_broker, allow(TOPIC, topic, ALICE, READ))
-    conf = {"group.protocol": "consumer", "session.timeout.ms": None,
-            "heartbeat.interval.ms": None}
-    c = Consumer({k: v for k, v in {**sasl(acl_broker, "alice"), "group.id": group,
-                                    "auto.offset.reset": "earliest",
-                                    "enable.auto.commit": False, **conf}.items()
-                  if v is not None})
-    c.subscribe([topic])
-    try:
+
+    def consumer() -> Consumer:
+        c = Consumer({**sasl(acl_broker, "alice"), "group.id": group,
+                      "group.protocol": "consumer", "auto.offset.reset": "earliest",
+                      "enable.auto.commit": False})
+        c.subscribe([topic])
+        return c
+
+    with closing(consumer()) as c:
         assert first_error(c).code() == KafkaError.GROUP_AUTHORIZATION_FAILED
-    finally:
-        c.close()
 
     grant(acl_broker, allow(GROUP, group, ALICE, READ))
-    c = Consumer({k: v for k, v in {**sasl(acl_broker, "alice"), "group.id": group,
-                                    "auto.offset.reset": "earliest",
-                                    "enable.auto.commit": False, **conf}.items()
-                  if v is not None})
-    c.subscribe([topic])
-    try:
+    with closing(consumer()) as c:
         assert read_all(c, 3) == [b"v0", b"v1", b"v2"]
         c.commit(asynchronous=False)
-    finally:
-        c.close()
 
 
 def test_a_kip848_heartbeat_naming_a_hidden_topic_is_refused(acl_broker):
