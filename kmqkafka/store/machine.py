@@ -257,6 +257,8 @@ class StateMachine:
             q.close()
         for k in self.keyed.values():
             k.close()
+        if self.journal is not None:
+            self.journal.close()
         self.channels.clear()
         self.queues.clear()
         self.keyed.clear()

@@ -1,0 +1,79 @@
+"""The applied-index journal's file: padded when it starts, records overwritten in place, a
+torn record read as the end, and journals written before the padding still read and extended."""
+from __future__ import annotations
+
+import os
+
+from kmqkafka.store import checkpoint
+from kmqkafka.store.checkpoint import JOURNAL, ROLL_BYTES, SPARE, CheckpointJournal
+
+
+def test_records_overwrite_the_padding_of_a_new_file_in_place(tmp_path):
+    journal = CheckpointJournal(tmp_path)
+    path = tmp_path / JOURNAL
+    journal.write(journal.prepare(1, {}, lambda: {"kafka.a": 1}, {}))
+    assert path.stat().st_size == ROLL_BYTES + SPARE
+    inode = path.stat().st_ino
+    for applied in range(2, 40):
+        journal.write(journal.prepare(applied, {"kafka.a": applied}, dict, {}))
+    assert path.stat().st_size == ROLL_BYTES + SPARE  # nothing appended: no size to journal
+    assert path.stat().st_ino == inode
+    folded = checkpoint.read(tmp_path)
+    assert folded.applied == 39 and folded.channels == {"kafka.a": 39}
+    journal.close()
+    again = CheckpointJournal(tmp_path)  # resumes just past the last record
+    again.write(again.prepare(40, {"kafka.b": 7}, dict, {}))
+    again.close()
+    assert checkpoint.read(tmp_path).channels == {"kafka.a": 39, "kafka.b": 7}
+
+
+def test_a_torn_record_over_the_padding_ends_the_journal_and_is_overwritten(tmp_path):
+    journal = CheckpointJournal(tmp_path)
+    journal.write(journal.prepare(1, {}, lambda: {"kafka.a": 1}, {}))
+    journal.write(journal.prepare(2, {"kafka.a": 5}, dict, {}))
+    end = checkpoint.data_end(tmp_path / JOURNAL)
+    torn = journal.prepare(3, {"kafka.a": 9, "kafka.b": 4}, dict, {})
+    journal.close()
+    fd = os.open(tmp_path / JOURNAL, os.O_WRONLY)  # a crash left half the record
+    os.pwrite(fd, torn.record[:len(torn.record) // 2], torn.at)
+    os.close(fd)
+    folded = checkpoint.read(tmp_path)
+    assert (folded.applied, folded.channels) == (2, {"kafka.a": 5})
+    again = CheckpointJournal(tmp_path)
+    assert checkpoint.data_end(tmp_path / JOURNAL) == end
+    again.write(again.prepare(3, {"kafka.c": 2}, dict, {}))  # lands on the torn bytes
+    again.close()
+    folded = checkpoint.read(tmp_path)
+    assert (folded.applied, folded.channels) == (3, {"kafka.a": 5, "kafka.c": 2})
+
+
+def test_a_journal_written_without_padding_is_read_and_extended(tmp_path):
+    old = b"".join(checkpoint._record(n, {"kafka.a": n}, n == 1, {}) for n in (1, 2, 3))
+    (tmp_path / JOURNAL).write_bytes(old)
+    journal = CheckpointJournal(tmp_path)
+    journal.write(journal.prepare(4, {"kafka.b": 2}, dict, {}))
+    journal.close()
+    assert (tmp_path / JOURNAL).stat().st_size > len(old)
+    folded = checkpoint.read(tmp_path)
+    assert (folded.applied, folded.channels) == (4, {"kafka.a": 3, "kafka.b": 2})
+
+
+def test_a_roll_starts_a_new_padded_file_with_every_channel(tmp_path):
+    journal = CheckpointJournal(tmp_path)
+    ends = {f"kafka.t~{p}": 1 for p in range(200)}
+    journal.write(journal.prepare(1, {}, lambda: dict(ends), {}))
+    applied = 1
+    while True:  # partition-sized records until the journal rolls
+        applied += 1
+        ends[f"kafka.t~{applied % 200}"] = applied
+        token = journal.prepare(applied, dict(ends), lambda: dict(ends), {})
+        journal.write(token)
+        if token.full:
+            break
+        assert applied < 10_000
+    journal.close()
+    path = tmp_path / JOURNAL
+    assert path.stat().st_size == ROLL_BYTES + SPARE
+    assert checkpoint.data_end(path) == len(token.record)
+    folded = checkpoint.read(tmp_path)
+    assert folded.applied == applied and folded.channels == ends
