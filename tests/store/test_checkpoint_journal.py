@@ -77,3 +77,17 @@ def test_a_roll_starts_a_new_padded_file_with_every_channel(tmp_path):
     assert checkpoint.data_end(path) == len(token.record)
     folded = checkpoint.read(tmp_path)
     assert folded.applied == applied and folded.channels == ends
+
+
+def test_records_written_after_a_torn_tail_are_read(tmp_path):
+    """A crash that tore the last record of a journal without padding: the next record goes
+    where the valid ones end, not after the torn bytes, where no reader would reach it (and
+    a second crash would cut the channels back past records that were acknowledged)."""
+    whole = b"".join(checkpoint._record(n, {"kafka.a": n}, n == 1, {}) for n in (1, 2))
+    torn = checkpoint._record(3, {"kafka.a": 3}, False, {})
+    (tmp_path / JOURNAL).write_bytes(whole + torn[:len(torn) - 3])
+    journal = CheckpointJournal(tmp_path)
+    journal.write(journal.prepare(4, {"kafka.a": 9}, dict, {}))
+    journal.close()
+    folded = checkpoint.read(tmp_path)
+    assert (folded.applied, folded.channels) == (4, {"kafka.a": 9})
