@@ -114,12 +114,13 @@ def _record(applied: int, channels: dict[str, ChannelEnd], full: bool,
 
 def _records(data: bytes) -> Iterator[tuple[int, dict]]:
     """Each whole, CRC-valid record in order, with the offset just past it; stops at the
-    first torn, failing or padding record."""
+    first torn, failing or padding record, and at zeros (a record is never empty, and an
+    empty payload's CRC is 0)."""
     pos = 0
     while pos + _REC.size <= len(data):
         length, crc = _REC.unpack_from(data, pos)
         payload = data[pos + _REC.size:pos + _REC.size + length]
-        if len(payload) != length or crc32c(payload) != crc:
+        if not length or len(payload) != length or crc32c(payload) != crc:
             return
         pos += _REC.size + length
         yield pos, json.loads(payload)

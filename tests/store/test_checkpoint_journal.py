@@ -91,3 +91,13 @@ def test_records_written_after_a_torn_tail_are_read(tmp_path):
     journal.close()
     folded = checkpoint.read(tmp_path)
     assert (folded.applied, folded.channels) == (4, {"kafka.a": 9})
+
+
+def test_zeros_end_the_journal(tmp_path):
+    """Zeros read as a record of length 0 whose CRC matches (crc32c of nothing is 0): they end
+    the journal like a torn tail instead of failing start-up."""
+    whole = checkpoint._record(1, {"kafka.a": 1}, True, {})
+    (tmp_path / JOURNAL).write_bytes(whole + bytes(64))
+    folded = checkpoint.read(tmp_path)
+    assert (folded.applied, folded.channels) == (1, {"kafka.a": 1})
+    assert checkpoint.data_end(tmp_path / JOURNAL) == len(whole)
