@@ -29,7 +29,9 @@ blocks the file already holds skips that. Measured here, one 152-byte record too
 reopened and appended, and 125-129 µs overwritten. That is on the acknowledgement path of
 every durable request of a lone node. The padding reads as a torn tail: its length field
 (``0xFFFFFFFF``) is longer than what follows. So a reader stops there, older versions
-included. A record torn by a crash ends the journal the same way, and the next record is
+included; and an older writer, which appends at the file's size, finds that size past
+``ROLL_BYTES`` and starts a new file with a full record first, so a downgrade loses no
+checkpoint. A record torn by a crash ends the journal the same way, and the next record is
 written where the valid ones end, over the torn bytes. (Appending after them, as this
 journal once did, left every later record unread until the next roll: a second crash then
 cut the channels back past records that had been acknowledged.)

@@ -101,3 +101,14 @@ def test_zeros_end_the_journal(tmp_path):
     folded = checkpoint.read(tmp_path)
     assert (folded.applied, folded.channels) == (1, {"kafka.a": 1})
     assert checkpoint.data_end(tmp_path / JOURNAL) == len(whole)
+
+
+def test_an_older_writer_starts_a_padded_journal_over_with_a_full_record(tmp_path):
+    """An older kmqkafka appends at the file's size (after the padding, where no reader
+    looks) but rolls first once that size reaches ROLL_BYTES: every padded file is that
+    large, so a downgrade's first record replaces the file instead of hiding behind padding."""
+    journal = CheckpointJournal(tmp_path)
+    journal.write(journal.prepare(1, {}, lambda: {"kafka.a": 1}, {}))
+    journal.write(journal.prepare(2, {"kafka.a": 2}, dict, {}))
+    journal.close()
+    assert (tmp_path / JOURNAL).stat().st_size >= ROLL_BYTES
