@@ -105,6 +105,7 @@ class Checkpoint:
     applied: int = 0
     channels: dict[str, ChannelEnd] = field(default_factory=dict)
     keyed: KeyedEnds = field(default_factory=dict)  # family: (generation, next_sequence)
+    end: int = 0  # the file offset just past the last valid record: where the next one goes
 
 
 def _record(applied: int, channels: dict[str, ChannelEnd], full: bool,
@@ -141,26 +142,14 @@ def read(data_dir: Path) -> Checkpoint | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
-    applied, channels, keyed = 0, {}, {}
-    for _end, rec in _records(data):
+    applied, channels, keyed, end = 0, {}, {}, 0
+    for end, rec in _records(data):
         if rec.get("full"):
             channels = {}
         applied = max(applied, int(rec["applied"]))
         channels.update(rec["channels"])
         keyed.update({f: (int(g), int(n)) for f, (g, n) in rec.get("keyed", {}).items()})
-    return Checkpoint(applied, channels, keyed)
-
-
-def data_end(path: Path) -> int:
-    """Where the journal at ``path`` ends: just past its last valid record (0: none)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return 0
-    end = 0
-    for end, _rec in _records(data):
-        pass
-    return end
+    return Checkpoint(applied, channels, keyed, end)
 
 
 class CheckpointToken:
@@ -187,11 +176,16 @@ class CheckpointJournal:
     The file stays open between records. A full record replaces the file, so the next
     record opens the new one."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, end: int | None = None) -> None:
+        """``end``: where the journal's valid records end, as ``read`` found it (None: read
+        the file again to find out)."""
         self.path = Path(data_dir) / JOURNAL
         self.durable_applied = 0
         self._prepared = 0
-        self._size = data_end(self.path)  # where the next record goes
+        if end is None:
+            found = read(data_dir)
+            end = found.end if found is not None else 0
+        self._size = end  # where the next record goes
         self._fd: int | None = None
 
     def due(self, applied: int) -> bool:

@@ -179,7 +179,8 @@ class StateMachine:
                              n=cut, family=family)
             self.keyed[family] = KeyedLog.open(self.coordinator_dir, family, now_ms)
         if self.replicated:
-            self.journal = checkpoint.CheckpointJournal(self.data_dir)
+            self.journal = checkpoint.CheckpointJournal(
+                self.data_dir, ckpt.end if ckpt is not None else 0)
             if ckpt is None:
                 # First replicated start: adopt whatever is on disk as the state at index 0.
                 self.journal.reset(self.last_applied, self._channel_ends(), self._keyed_ends())

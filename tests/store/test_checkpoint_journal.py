@@ -31,7 +31,7 @@ def test_a_torn_record_over_the_padding_ends_the_journal_and_is_overwritten(tmp_
     journal = CheckpointJournal(tmp_path)
     journal.write(journal.prepare(1, {}, lambda: {"kafka.a": 1}, {}))
     journal.write(journal.prepare(2, {"kafka.a": 5}, dict, {}))
-    end = checkpoint.data_end(tmp_path / JOURNAL)
+    end = checkpoint.read(tmp_path).end
     torn = journal.prepare(3, {"kafka.a": 9, "kafka.b": 4}, dict, {})
     journal.close()
     fd = os.open(tmp_path / JOURNAL, os.O_WRONLY)  # a crash left half the record
@@ -40,7 +40,7 @@ def test_a_torn_record_over_the_padding_ends_the_journal_and_is_overwritten(tmp_
     folded = checkpoint.read(tmp_path)
     assert (folded.applied, folded.channels) == (2, {"kafka.a": 5})
     again = CheckpointJournal(tmp_path)
-    assert checkpoint.data_end(tmp_path / JOURNAL) == end
+    assert checkpoint.read(tmp_path).end == end
     again.write(again.prepare(3, {"kafka.c": 2}, dict, {}))  # lands on the torn bytes
     again.close()
     folded = checkpoint.read(tmp_path)
@@ -74,7 +74,7 @@ def test_a_roll_starts_a_new_padded_file_with_every_channel(tmp_path):
     journal.close()
     path = tmp_path / JOURNAL
     assert path.stat().st_size == ROLL_BYTES + SPARE
-    assert checkpoint.data_end(path) == len(token.record)
+    assert checkpoint.read(tmp_path).end == len(token.record)
     folded = checkpoint.read(tmp_path)
     assert folded.applied == applied and folded.channels == ends
 
@@ -100,7 +100,7 @@ def test_zeros_end_the_journal(tmp_path):
     (tmp_path / JOURNAL).write_bytes(whole + bytes(64))
     folded = checkpoint.read(tmp_path)
     assert (folded.applied, folded.channels) == (1, {"kafka.a": 1})
-    assert checkpoint.data_end(tmp_path / JOURNAL) == len(whole)
+    assert checkpoint.read(tmp_path).end == len(whole)
 
 
 def test_an_older_writer_starts_a_padded_journal_over_with_a_full_record(tmp_path):
