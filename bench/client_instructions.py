@@ -17,9 +17,9 @@ Each child runs once under ``valgrind --tool=callgrind``, which counts the instr
 executed (every thread: Python, librdkafka and libc together). The count repeats for the same
 inputs, so a difference in it is a difference in work, not in timing. Then it runs
 ``--passes`` times plainly (the median counts): the CPU time of its whole process and the
-wall-clock rate of its loop, per record. The callgrind run also reports the consumer's empty
-``consume()`` calls (it waited on the broker) and the producer's failed records. Needs
-``valgrind`` on PATH. The last line is the JSON of every figure.
+wall-clock rate of its loop, per record. The callgrind run also reports the consumer's
+errors and the producer's failed records. Needs ``valgrind`` on PATH. The last line is the
+JSON of every figure.
 """
 from __future__ import annotations
 
@@ -45,31 +45,18 @@ TOTALS = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.M)
 
 
 def consume_child(bootstrap: str, target: int, size: int, time_cap: float) -> dict[str, Any]:
-    """Read ``target`` records from partition 0 of TOPIC with kafka_bench's consumer."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "instr",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  **kb.CONSUMER_TUNING, **kb.QUIET})
-    got = empty = 0
-    start, cpu = time.perf_counter(), time.process_time()
-    try:
-        c.assign([TopicPartition(TOPIC, 0, 0)])
-        while got < target and time.perf_counter() - start < time_cap:
-            batch = c.consume(10_000, 0.5)
-            empty += not batch
-            got += sum(1 for m in batch if not m.error())
-    finally:
-        c.close()
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return {"got": got, "empty": empty, "seconds": seconds, "cpu_s": cpu}
+    """Read ``target`` records back from TOPIC with kafka_bench's consumer."""
+    cpu = time.process_time()
+    r = kb.consume_phase(bootstrap, TOPIC, size, target, time_cap)
+    return {"got": r["consumed"], "errors": r["errors"], "seconds": r["seconds"],
+            "cpu_s": time.process_time() - cpu}
 
 
 def produce_child(bootstrap: str, target: int, size: int, time_cap: float) -> dict[str, Any]:
     """Send ``target`` records of ``size`` bytes, acks=all, with kafka_bench's producer."""
     cpu = time.process_time()
     r = kb.produce_phase(bootstrap, PRODUCE_TOPIC, size, target, "all", time_cap)
-    return {"got": r["acked"], "empty": r["failed"], "seconds": r["seconds"],
+    return {"got": r["acked"], "errors": r["failed"], "seconds": r["seconds"],
             "cpu_s": time.process_time() - cpu}
 
 
@@ -106,7 +93,7 @@ def measure(mode: str, daemon: kb.Daemon, count: int, size: int, work: Path,
         "records": counted["got"],
         "instructions_per_record": counted["instructions"] / max(counted["got"], 1),
         "instructions": counted["instructions"],
-        "callgrind_empty_or_failed": counted["empty"],
+        "callgrind_errors": counted["errors"],
         "cpu_us_per_record": statistics.median(p["cpu_s"] / max(p["got"], 1) * 1e6
                                                for p in plain),
         "msg_s": statistics.median(p["got"] / p["seconds"] for p in plain),
